@@ -1,0 +1,8 @@
+"""ocrd: a watched-folder OCR daemon."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("ocrd")
+except PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0.0.0+source"

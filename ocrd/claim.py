@@ -1,0 +1,149 @@
+"""Claiming: a ready file is renamed into the work area before anything reads it.
+
+The rename is atomic on one filesystem, so a second event for the same file finds nothing
+to claim, and a file is either in the inbox or claimed, never both. Each claim is a folder
+`<work>/<id>/` holding the original at its path relative to the inbox, and `.claim.json`
+with what ocrd knows about it: how often processing started, and the settlement it planned
+before moving anything, so that a restart finishes a half-done settlement instead of
+repeating it. Claims left by an earlier run are taken up again at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePath
+from typing import Any
+
+from ocrd.files import fsync_dir, replace_file
+
+STATE_FILE = ".claim.json"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def new_claim_id() -> str:
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class Settlement:
+    """Where a claim's files go, decided and saved before any of them moves."""
+
+    outcome: str  # "done" or "failed"
+    original: str  # destination of the original
+    markdown: str | None = None
+    error_report: str | None = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass
+class ClaimState:
+    id: str
+    inbox: str
+    relative_path: str
+    claimed_at: str
+    attempts: int = 0
+    settlement: Settlement | None = None
+
+
+@dataclass
+class Claim:
+    folder: Path
+    state: ClaimState
+
+    @property
+    def id(self) -> str:
+        return self.state.id
+
+    @property
+    def relative_path(self) -> PurePath:
+        return PurePath(self.state.relative_path)
+
+    @property
+    def path(self) -> Path:
+        """Where the original lies while it is claimed."""
+        return self.folder / self.relative_path
+
+    def save(self) -> None:
+        replace_file(self.folder / STATE_FILE, json.dumps(asdict(self.state), indent=2).encode())
+
+    def start_attempt(self) -> int:
+        self.state.attempts += 1
+        self.save()
+        return self.state.attempts
+
+    def plan(self, settlement: Settlement) -> None:
+        self.state.settlement = settlement
+        self.save()
+
+    def release(self) -> None:
+        """Remove the claim folder once the original has left it."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        fsync_dir(self.folder.parent)
+
+
+class WorkArea:
+    """The claim folders of one inbox."""
+
+    def __init__(self, inbox: Path, work: Path) -> None:
+        self.inbox = inbox
+        self.work = work
+
+    def claim(self, path: Path) -> Claim | None:
+        """Move `path` (inside the inbox) into a new claim; None if it is already gone."""
+        relative = path.relative_to(self.inbox)
+        claim_id = new_claim_id()
+        folder = self.work / claim_id
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(path, target)
+        except FileNotFoundError:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        fsync_dir(path.parent)
+        fsync_dir(target.parent)
+        state = ClaimState(claim_id, str(self.inbox), str(relative), now_iso())
+        claim = Claim(folder, state)
+        claim.save()
+        return claim
+
+    def recover(self) -> list[Claim]:
+        """Claims an earlier run left behind, oldest first; empty claim folders are removed."""
+        if not self.work.is_dir():
+            return []
+        claims = []
+        for folder in sorted(entry for entry in self.work.iterdir() if entry.is_dir()):
+            claim = self._load(folder)
+            if claim is None:
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                claims.append(claim)
+        return claims
+
+    def _load(self, folder: Path) -> Claim | None:
+        originals = [
+            path
+            for path in folder.rglob("*")
+            if (path.is_file() or path.is_symlink()) and not path.name.startswith(".")
+        ]
+        if len(originals) != 1:
+            return None  # settled (original moved out) before the folder was removed
+        relative = originals[0].relative_to(folder)
+        state = ClaimState(folder.name, str(self.inbox), str(relative), now_iso())
+        state_path = folder / STATE_FILE
+        try:
+            saved = json.loads(state_path.read_text(encoding="utf-8"))
+            settlement = saved.pop("settlement", None)
+            state = ClaimState(**{**saved, "relative_path": str(relative)})
+            state.settlement = Settlement(**settlement) if settlement else None
+        except (OSError, ValueError, TypeError):
+            pass  # killed before the state was first written: start from what the folder shows
+        return Claim(folder, state)

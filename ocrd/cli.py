@@ -1,0 +1,131 @@
+"""The `ocrd` command: run, convert, check-config."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import click
+
+from ocrd import __version__
+from ocrd.config import Config, ConfigError, EngineConfig, load_config
+from ocrd.log import configure_logging
+
+ENGINES = click.Choice(["auto", "vllm", "rapidocr", "simulated"])
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="YAML configuration file (see config.example.yaml).",
+)
+log_options = [
+    click.option(
+        "--log-format",
+        type=click.Choice(["auto", "json", "console"]),
+        default="auto",
+        show_default=True,
+        help="auto: readable on a terminal, JSON lines otherwise.",
+    ),
+    click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="info",
+        show_default=True,
+    ),
+]
+
+
+def with_log_options(function):  # type: ignore[no-untyped-def]
+    for option in reversed(log_options):
+        function = option(function)
+    return function
+
+
+def _load(path: Path) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        click.echo(f"ocrd: {error}", err=True)
+        sys.exit(2)
+
+
+@click.group()
+@click.version_option(__version__, prog_name="ocrd")
+def main() -> None:
+    """ocrd: watched-folder OCR. PDFs and page images in, Markdown out."""
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="YAML configuration file.",
+)
+@click.option("--engine", type=ENGINES, default=None, help="Override engine.kind from the config.")
+@with_log_options
+def run(config_path: Path, engine: str | None, log_format: str, log_level: str) -> None:
+    """Serve the inboxes of CONFIG until SIGTERM or SIGINT."""
+    from ocrd.daemon import Daemon
+
+    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    config = _load(config_path)
+    sys.exit(asyncio.run(Daemon(config, engine).run()))
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder for <name>.md (and <name>.error.json for failures).",
+)
+@config_option
+@click.option("--engine", type=ENGINES, default=None, help="Override engine.kind.")
+@with_log_options
+def convert(
+    files: tuple[Path, ...],
+    out: Path,
+    config_path: Path | None,
+    engine: str | None,
+    log_format: str,
+    log_level: str,
+) -> None:
+    """Convert FILES once, leaving them untouched; exit 1 if any failed."""
+    from ocrd.convert import convert_files
+
+    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    config = (
+        _load(config_path)
+        if config_path
+        else Config.model_construct(
+            inboxes=(), engine=EngineConfig(), pipeline=Config.model_fields["pipeline"].default
+        )
+    )
+    failed = asyncio.run(convert_files(list(files), out, config, engine))
+    if failed:
+        click.echo(
+            f"ocrd: {failed} of {len(files)} files failed; see the .error.json files in {out}",
+            err=True,
+        )
+    sys.exit(1 if failed else 0)
+
+
+@main.command("check-config")
+@config_option
+def check_config(config_path: Path | None) -> None:
+    """Validate CONFIG and its folders; exit non-zero on any problem."""
+    from ocrd.daemon import check_folders
+
+    if config_path is None:
+        raise click.UsageError("--config is required")
+    config = _load(config_path)
+    problems = check_folders(config, create=False)
+    for problem in problems:
+        click.echo(f"ocrd: {config_path}: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+    click.echo(f"{config_path}: OK ({len(config.inboxes)} inboxes, engine {config.engine.kind})")

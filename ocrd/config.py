@@ -1,0 +1,202 @@
+"""Configuration: the YAML file, validated into typed models.
+
+Relative paths in the file are resolved against the folder that holds the file, so a
+config can live beside its data folder and be started from anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says which key and what is expected."""
+
+
+class PromptMode(StrEnum):
+    layout = "layout"  # grounded Markdown with layout blocks
+    text = "text"  # plain text ("Free OCR."), faster, loops less on dense pages
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DEFAULT_TEMPORARY_SUFFIXES = (".part", ".filepart", ".tmp", ".crdownload", ".partial", ".download")
+
+
+class InboxConfig(Strict):
+    path: Path
+    outbox: Path | None = None
+    done: Path | None = None
+    failed: Path | None = None
+    work: Path | None = Field(
+        default=None, description="claimed files wait here; must be on the inbox's filesystem"
+    )
+    recursive: bool = True
+    include: tuple[str, ...] = ("*",)
+    ignore: tuple[str, ...] = ()
+    settle_seconds: Annotated[float, Field(ge=0)] = 5.0
+    polling: bool = False
+    poll_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    prompt: PromptMode = PromptMode.layout
+    dpi: Annotated[int, Field(ge=36, le=600)] = 144
+    max_image_side: Annotated[int, Field(ge=256, le=10000)] = 2048
+    page_separator: str = "\n\n<!-- page {page} -->\n\n"
+
+    def derived(self, base: Path) -> InboxConfig:
+        """Absolute paths, with output folders defaulting to siblings of the inbox."""
+        inbox = _absolute(self.path, base)
+        parent = inbox.parent
+
+        def folder(value: Path | None, default: str) -> Path:
+            return _absolute(value, base) if value is not None else parent / default
+
+        return self.model_copy(
+            update={
+                "path": inbox,
+                "outbox": folder(self.outbox, "outbox"),
+                "done": folder(self.done, "done"),
+                "failed": folder(self.failed, "failed"),
+                "work": folder(self.work, "work"),
+            }
+        )
+
+
+class VllmConfig(Strict):
+    model: str = "deepseek-ai/DeepSeek-OCR-2"
+    tokenizer: str | None = None
+    max_num_seqs: Annotated[int, Field(ge=1)] = 128
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] = 16384
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_model_len: Annotated[int, Field(ge=1024)] = 8192
+    tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
+    max_tokens: Annotated[int, Field(ge=1)] = 8192
+    ngram_size: Annotated[int, Field(ge=0)] = 30
+    ngram_window: Annotated[int, Field(ge=1)] = 90
+    ngram_whitelist_token_ids: tuple[int, ...] = (128821, 128822)
+    dtype: str = "auto"
+    load_format: str = "auto"
+    kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = None
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+
+
+class RapidOcrConfig(Strict):
+    threads: Annotated[int, Field(ge=1)] = 2
+    concurrency: Annotated[int, Field(ge=1)] = 1
+
+
+class SimulatedConfig(Strict):
+    seconds_per_page: Annotated[float, Field(ge=0)] = 0.5
+    capacity: Annotated[int, Field(ge=1)] = 16
+    tokens_per_page: Annotated[int, Field(ge=1)] = 400
+
+
+class EngineConfig(Strict):
+    kind: Literal["auto", "vllm", "rapidocr", "simulated"] = "auto"
+    vllm: VllmConfig = VllmConfig()
+    rapidocr: RapidOcrConfig = RapidOcrConfig()
+    simulated: SimulatedConfig = SimulatedConfig()
+
+
+class PipelineConfig(Strict):
+    max_documents_in_flight: Annotated[int, Field(ge=1)] = 8
+    max_pages_in_flight: Annotated[int, Field(ge=1)] = 64
+    render_workers: Annotated[int, Field(ge=1)] = 2
+    page_render_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
+    render_memory_limit_mb: Annotated[int, Field(ge=256)] = 4096
+    max_page_pixels: Annotated[int, Field(ge=1_000_000)] = 50_000_000
+    rescan_interval_seconds: Annotated[float, Field(gt=0)] = 60.0
+    shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
+    status_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+
+class Config(Strict):
+    inboxes: Annotated[tuple[InboxConfig, ...], Field(min_length=1)] = ()
+    engine: EngineConfig = EngineConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+
+    @model_validator(mode="after")
+    def _distinct_work_folders(self) -> Config:
+        seen: dict[Path, Path] = {}
+        for inbox in self.inboxes:
+            if inbox.work is None:
+                continue
+            if inbox.work in seen:
+                raise ValueError(
+                    f"inboxes {seen[inbox.work]} and {inbox.path} share the work folder "
+                    f"{inbox.work}; give each inbox its own 'work:' folder"
+                )
+            seen[inbox.work] = inbox.path
+        return self
+
+
+def _absolute(path: Path, base: Path) -> Path:
+    path = Path(os.path.expanduser(path))
+    return Path(os.path.normpath(path if path.is_absolute() else base / path))
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def describe_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for problem in error.errors():
+        message = problem["msg"]
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling and where it is nested)"
+        lines.append(f"  {_location(problem['loc'])}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, base: Path, source: str = "config") -> Config:
+    """Validate raw YAML data; relative paths are taken relative to `base`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    try:
+        config = Config.model_validate(_with_absolute_inboxes(data, base))
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, source)) from None
+    return config
+
+
+def _with_absolute_inboxes(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    inboxes = data.get("inboxes")
+    if not isinstance(inboxes, list):
+        return data
+    try:
+        resolved = [InboxConfig.model_validate(item).derived(base) for item in inboxes]
+    except ValidationError:
+        return data  # let the full model report the error with its location
+    return {**data, "inboxes": resolved}
+
+
+def load_config(path: Path) -> Config:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(
+            f"{path}: cannot read the configuration file ({error.strerror})"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    return parse_config(data, path.resolve().parent, str(path))

@@ -1,0 +1,393 @@
+"""The daemon's lifecycle, top to bottom: check, start the engine, announce, serve, drain, stop.
+
+Data flows one way through it: watch (a file becomes ready), claim (it moves into the work
+area), convert (render and recognise), write (Markdown into the outbox) and settle (the
+original into done/ or failed/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocrd.claim import Claim, WorkArea
+from ocrd.config import Config, InboxConfig
+from ocrd.engines import Engine, EngineDeadError, choose_engine, create_engine
+from ocrd.log import FilteringBoundLogger, get_logger
+from ocrd.notify import SystemdNotifier
+from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings, Pipeline
+from ocrd.settle import Settler
+from ocrd.watch import InboxWatcher, SettleTracker
+from ocrd.write import render_markdown
+
+EXIT_OK = 0
+EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
+EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStatus=78)
+
+TICK_SECONDS = 0.5
+
+
+class StartupError(Exception):
+    """The daemon cannot start with this configuration; one line per problem."""
+
+
+def check_folders(config: Config, create: bool = True) -> list[str]:
+    """Problems with the configured folders, each a line saying which folder and why."""
+    problems: list[str] = []
+    inboxes = [inbox.path for inbox in config.inboxes]
+    for inbox in config.inboxes:
+        if not inbox.path.is_dir():
+            problems.append(f"inbox {inbox.path} does not exist or is not a folder; create it")
+            continue
+        if not os.access(inbox.path, os.W_OK | os.X_OK):
+            problems.append(
+                f"inbox {inbox.path} is not writable by this user (files are moved out of it)"
+            )
+        for role in ("outbox", "done", "failed", "work"):
+            folder: Path = getattr(inbox, role)
+            for watched in inboxes:
+                if folder == watched or folder.is_relative_to(watched):
+                    problems.append(
+                        f"{role} folder {folder} lies inside the watched inbox {watched}; "
+                        "move it out, or ocrd would read its own output"
+                    )
+            if not folder.exists() and create and folder.parent.is_dir():
+                with contextlib.suppress(OSError):
+                    folder.mkdir()
+            if not folder.is_dir():
+                if create or not folder.parent.is_dir():
+                    problems.append(f"{role} folder {folder} does not exist; create it")
+            elif not os.access(folder, os.W_OK | os.X_OK):
+                problems.append(f"{role} folder {folder} is not writable by this user")
+        if inbox.work.is_dir() and inbox.work.stat().st_dev != inbox.path.stat().st_dev:
+            problems.append(
+                f"work folder {inbox.work} is on another filesystem than inbox {inbox.path}; "
+                "claiming needs an atomic rename, so put it on the same filesystem"
+            )
+    return problems
+
+
+class Throughput:
+    """Pages per second over a recent window, for the status line."""
+
+    def __init__(self, window_seconds: float = 60.0) -> None:
+        self.window = window_seconds
+        self._times: deque[float] = deque()
+
+    def add(self, *_: object) -> None:
+        self._times.append(time.monotonic())
+
+    def pages_per_second(self) -> float:
+        cutoff = time.monotonic() - self.window
+        while self._times and self._times[0] < cutoff:
+            self._times.popleft()
+        return len(self._times) / self.window
+
+
+@dataclass
+class Inbox:
+    """One configured inbox and the parts that serve it."""
+
+    config: InboxConfig
+    work: WorkArea
+    tracker: SettleTracker
+    settler: Settler
+    settings: DocumentSettings
+    watcher: InboxWatcher | None = None
+
+
+@dataclass
+class Job:
+    inbox: Inbox
+    path: Path | None = None  # a ready file in the inbox, still to be claimed
+    claim: Claim | None = None  # or a claim recovered from the work area
+
+
+class Daemon:
+    def __init__(self, config: Config, engine_kind: str | None = None) -> None:
+        self.config = config
+        self.engine_kind = engine_kind
+        self.log = get_logger()
+        self.notifier = SystemdNotifier()
+        self.throughput = Throughput()
+        self.exit_code = EXIT_OK
+        self.inboxes: list[Inbox] = []
+        self.engine: Engine | None = None
+        self.pipeline: Pipeline | None = None
+        self._stop = asyncio.Event()
+        self._jobs: deque[Job] = deque()
+        self._queued: set[Path] = set()
+        self._documents: set[asyncio.Task[None]] = set()
+        self._document_slots = asyncio.Semaphore(config.pipeline.max_documents_in_flight)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def run(self) -> int:
+        try:
+            self.check()
+        except StartupError as error:
+            for line in str(error).splitlines():
+                self.log.error("startup.refused", reason=line)
+            return EXIT_CONFIG
+        self.install_signal_handlers()
+        try:
+            await self.start_engine()
+            self.start_inboxes()
+            self.notifier.ready(self.status_line())
+            self.log.info("daemon.ready", inboxes=[str(i.config.path) for i in self.inboxes])
+            await self.serve()
+        finally:
+            await self.drain()
+            await self.stop()
+        return self.exit_code
+
+    def check(self) -> None:
+        problems = check_folders(self.config)
+        if problems:
+            raise StartupError("\n".join(problems))
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.request_stop, signum)
+
+    def request_stop(self, signum: int | None = None) -> None:
+        if not self._stop.is_set():
+            name = signal.Signals(signum).name if signum else None
+            self.log.info("daemon.stopping", signal=name, documents_in_flight=len(self._documents))
+            self._stop.set()
+
+    async def start_engine(self) -> None:
+        engine_config = self.config.engine
+        if self.engine_kind:
+            engine_config = engine_config.model_copy(update={"kind": self.engine_kind})
+        choice = choose_engine(engine_config)
+        self.log.info("engine.selected", engine=choice.kind, reason=choice.reason)
+        self.notifier.status(f"loading the {choice.kind} engine")
+        started = time.monotonic()
+        self.engine = create_engine(engine_config, choice.kind)
+        await self.engine.start()
+        self.log.info(
+            "engine.ready", engine=choice.kind, seconds=round(time.monotonic() - started, 1)
+        )
+        self.pipeline = Pipeline.create(self.engine, self.config.pipeline)
+        self.pipeline.on_page_done.append(self.throughput.add)
+
+    def start_inboxes(self) -> None:
+        assert self.engine is not None
+        loop = asyncio.get_running_loop()
+        for config in self.config.inboxes:
+            inbox = Inbox(
+                config=config,
+                work=WorkArea(config.path, config.work),
+                tracker=SettleTracker(config),
+                settler=Settler(config, self.engine.name),
+                settings=DocumentSettings.of(config),
+            )
+            for claim in inbox.work.recover():
+                self.log.info("document.recovered", doc=claim.id, path=claim.state.relative_path)
+                self._jobs.append(Job(inbox, claim=claim))
+            inbox.watcher = InboxWatcher(config, loop, inbox.tracker.observe)
+            inbox.watcher.start()
+            self.log.info("inbox.watching", inbox=str(config.path), polling=config.polling)
+            self.inboxes.append(inbox)
+
+    async def serve(self) -> None:
+        loops = [
+            self._every(TICK_SECONDS, self.collect_ready_files),
+            self._every(self.config.pipeline.rescan_interval_seconds, self.rescan),
+            self._every(self.config.pipeline.status_interval_seconds, self.report_status),
+            self.dispatch(),
+        ]
+        interval = self.notifier.watchdog_interval
+        if interval:
+            loops.append(self._every(interval, self.notifier.watchdog))
+        tasks = [asyncio.create_task(loop) for loop in loops]
+        try:
+            await self._stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def drain(self) -> None:
+        """No new files; in-flight documents get the grace period, the rest stay claimed."""
+        self.notifier.stopping(f"draining {len(self._documents)} documents")
+        for inbox in self.inboxes:
+            if inbox.watcher is not None:
+                inbox.watcher.stop()
+        if self._documents:
+            grace = self.config.pipeline.shutdown_grace_seconds
+            _, pending = await asyncio.wait(self._documents, timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def stop(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.renderers.shutdown()
+        if self.engine is not None:
+            await self.engine.stop()
+        self.log.info("daemon.stopped", exit_code=self.exit_code)
+
+    # --- serving -----------------------------------------------------------------------
+
+    @staticmethod
+    async def _every(seconds: float, action: object) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            action()
+
+    def collect_ready_files(self) -> None:
+        for inbox in self.inboxes:
+            for path in inbox.tracker.ready():
+                if path not in self._queued:
+                    self._queued.add(path)
+                    self._jobs.append(Job(inbox, path=path))
+
+    def rescan(self) -> None:
+        for inbox in self.inboxes:
+            if inbox.watcher is not None:
+                inbox.watcher.rescan()
+
+    def status_line(self) -> str:
+        waiting = len(self._jobs) + sum(len(inbox.tracker) for inbox in self.inboxes)
+        pages = self.pipeline.pages_in_flight if self.pipeline else 0
+        return (
+            f"{waiting} waiting, {len(self._documents)} documents ({pages} pages) in flight, "
+            f"{self.throughput.pages_per_second():.2f} pages/s"
+        )
+
+    def report_status(self) -> None:
+        self.notifier.status(self.status_line())
+
+    async def dispatch(self) -> None:
+        """Claim ready files and start their documents, as many at once as configured."""
+        while True:
+            if not self._jobs:
+                await asyncio.sleep(TICK_SECONDS / 5)
+                continue
+            await self._document_slots.acquire()
+            job = self._jobs.popleft()
+            claim = job.claim or self._claim(job)
+            if claim is None:
+                self._document_slots.release()
+                continue
+            task = asyncio.create_task(self.process(job.inbox, claim))
+            self._documents.add(task)
+            task.add_done_callback(self._document_finished)
+
+    def _claim(self, job: Job) -> Claim | None:
+        assert job.path is not None
+        self._queued.discard(job.path)
+        try:
+            claim = job.inbox.work.claim(job.path)
+        except OSError as error:
+            self.log.error("file.claim_failed", path=str(job.path), error=str(error))
+            return None
+        if claim is None:
+            self.log.info("file.vanished", path=str(job.path), reason="gone before it was claimed")
+            return None
+        self.log.info(
+            "document.claimed",
+            doc=claim.id,
+            path=claim.state.relative_path,
+            inbox=str(job.inbox.config.path),
+        )
+        return claim
+
+    def _document_finished(self, task: asyncio.Task[None]) -> None:
+        self._documents.discard(task)
+        self._document_slots.release()
+        if task.cancelled():
+            return
+        error = task.exception()
+        if isinstance(error, EngineDeadError):
+            self.log.error(
+                "engine.dead",
+                error=str(error),
+                action="exiting so that systemd restarts ocrd; claimed files stay in the work area",
+            )
+            self.exit_code = EXIT_FATAL
+            self._stop.set()
+        elif error is not None:
+            self.log.error("document.crashed", error=repr(error))
+
+    async def process(self, inbox: Inbox, claim: Claim) -> None:
+        """One claimed document from its work folder to done/ or failed/."""
+        assert self.pipeline is not None
+        log = get_logger(doc=claim.id, path=claim.state.relative_path)
+        resumed = inbox.settler.resume(claim)
+        if resumed is not None:
+            log.info(
+                "document.settled", outcome=resumed.outcome, resumed=True, original=resumed.original
+            )
+            return
+        attempt = claim.start_attempt()
+        log.info("document.started", attempt=attempt)
+        started = time.monotonic()
+        try:
+            result = await self.pipeline.convert(claim.path, inbox.settings, log)
+        except asyncio.CancelledError:
+            log.warning("document.interrupted", action="left in the work area for the next start")
+            raise
+        except DocumentFailed as failure:
+            self._fail(inbox, claim, failure, started, log)
+            return
+        except EngineDeadError:
+            raise
+        except Exception as error:  # a bug in ocrd must cost one document, not the daemon
+            log.exception("document.internal_error")
+            self._fail(
+                inbox,
+                claim,
+                DocumentFailed("internal", repr(error), None, type(error).__name__),
+                started,
+                log,
+            )
+            return
+        self._succeed(inbox, claim, result, log)
+
+    def _succeed(
+        self, inbox: Inbox, claim: Claim, result: DocumentResult, log: FilteringBoundLogger
+    ) -> None:
+        settlement = inbox.settler.done(claim, render_markdown(result, inbox.settings))
+        pages = len(result.pages)
+        log.info(
+            "document.finished",
+            outcome="done",
+            pages=pages,
+            seconds=round(result.seconds, 3),
+            pages_per_second=round(pages / result.seconds, 3) if result.seconds else None,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            finish_reasons=result.finish_reasons(),
+            markdown=settlement.markdown,
+            original=settlement.original,
+        )
+
+    def _fail(
+        self,
+        inbox: Inbox,
+        claim: Claim,
+        failure: DocumentFailed,
+        started: float,
+        log: FilteringBoundLogger,
+    ) -> None:
+        settlement = inbox.settler.failed(claim, failure)
+        log.warning(
+            "document.finished",
+            outcome="failed",
+            stage=failure.stage,
+            page=failure.page,
+            reason=failure.message,
+            seconds=round(time.monotonic() - started, 3),
+            original=settlement.original,
+            error_report=settlement.error_report,
+        )

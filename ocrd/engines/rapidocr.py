@@ -1,0 +1,184 @@
+"""CPU OCR with RapidOCR (PP-OCR models in ONNX, shipped inside the wheel; no GPU, no network).
+
+RapidOCR finds text lines; this module puts them back into rows, paragraphs and headings in
+reading order and writes them as Markdown, so both engines give the outbox the same kind of file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ocrd.config import PromptMode, RapidOcrConfig
+from ocrd.engines.base import EngineError, PageText
+from ocrd.render import PageImage
+
+
+@dataclass(frozen=True)
+class TextLine:
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+    text: str
+
+    @property
+    def height(self) -> float:
+        return self.y1 - self.y0
+
+    @property
+    def centre_y(self) -> float:
+        return (self.y0 + self.y1) / 2
+
+
+def _rows(lines: Sequence[TextLine]) -> list[list[TextLine]]:
+    """Lines whose vertical centres fall inside each other's span share a row."""
+    rows: list[list[TextLine]] = []
+    for line in sorted(lines, key=lambda item: item.centre_y):
+        if rows:
+            row = rows[-1]
+            top = min(item.y0 for item in row)
+            bottom = max(item.y1 for item in row)
+            if top <= line.centre_y <= bottom:
+                row.append(line)
+                continue
+        rows.append([line])
+    return [sorted(row, key=lambda item: item.x0) for row in rows]
+
+
+def _join_text(previous: str, following: str) -> str:
+    if previous.endswith("-") and following[:1].islower():
+        return previous[:-1] + following  # a word hyphenated across lines
+    return f"{previous} {following}"
+
+
+def _gaps(spans: list[tuple[float, float]], min_gap: float) -> list[float]:
+    """Cut positions where no span covers an interval at least `min_gap` wide."""
+    cuts = []
+    spans = sorted(spans)
+    reach = spans[0][1]
+    for start, end in spans[1:]:
+        if start - reach >= min_gap:
+            cuts.append((start + reach) / 2)
+        reach = max(reach, end)
+    return cuts
+
+
+def _split(lines: list[TextLine], cuts: list[float], key: Callable[[TextLine], float]) -> list:
+    parts: list[list[TextLine]] = [[] for _ in range(len(cuts) + 1)]
+    for line in lines:
+        parts[bisect.bisect(cuts, key(line))].append(line)
+    return [part for part in parts if part]
+
+
+def _regions(lines: list[TextLine], body_height: float) -> list[list[TextLine]]:
+    """Recursive XY-cut: columns at wide vertical gutters, bands at large horizontal gaps."""
+    columns = _gaps([(line.x0, line.x1) for line in lines], 0.5 * body_height)
+    if columns:
+        parts = _split(lines, columns, lambda line: line.x0)
+    else:
+        bands = _gaps([(line.y0, line.y1) for line in lines], 0.6 * body_height)
+        if not bands:
+            return [lines]
+        parts = _split(lines, bands, lambda line: line.y0)
+    return [region for part in parts for region in _regions(part, body_height)]
+
+
+def _paragraphs(lines: list[TextLine], body_height: float) -> list[str]:
+    """Rows of one region joined into paragraphs; rows in much larger type become headings."""
+    rows = _rows(lines)
+    gaps = [
+        min(item.y0 for item in below) - max(item.y1 for item in above)
+        for above, below in itertools.pairwise(rows)
+    ]
+    paragraph_gap = max(statistics.median(gaps) if gaps else 0.0, 0.0) + 0.5 * body_height
+    blocks: list[str] = []
+    current = ""
+    for index, row in enumerate(rows):
+        text = " ".join(item.text.strip() for item in row)
+        if statistics.median(item.height for item in row) >= 1.6 * body_height and len(text) <= 120:
+            blocks.extend([current] if current else [])
+            blocks.append(f"## {text}")
+            current = ""
+        elif not current or (index > 0 and gaps[index - 1] > paragraph_gap):
+            blocks.extend([current] if current else [])
+            current = text
+        else:
+            current = _join_text(current, text)
+    return [*blocks, current] if current else blocks
+
+
+def lines_to_markdown(lines: Sequence[TextLine]) -> str:
+    """OCR lines as Markdown paragraphs in reading order: regions found by XY-cut, each read
+    top to bottom, columns left to right."""
+    lines = [line for line in lines if line.text.strip()]
+    if not lines:
+        return ""
+    body_height = statistics.median(line.height for line in lines)
+    return "\n\n".join(
+        block
+        for region in _regions(lines, body_height)
+        for block in _paragraphs(region, body_height)
+    )
+
+
+def _to_lines(boxes: Any, texts: Sequence[str]) -> list[TextLine]:
+    result = []
+    for box, text in zip(boxes, texts, strict=False):
+        xs = [float(point[0]) for point in box]
+        ys = [float(point[1]) for point in box]
+        result.append(TextLine(min(xs), min(ys), max(xs), max(ys), str(text)))
+    return result
+
+
+class RapidOcrEngine:
+    name = "rapidocr"
+
+    def __init__(self, config: RapidOcrConfig) -> None:
+        self.config = config
+        self._ocr: Any = None
+        self._executor = ThreadPoolExecutor(
+            max_workers=config.concurrency, thread_name_prefix="rapidocr"
+        )
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.config.concurrency
+
+    async def start(self) -> None:
+        from rapidocr import RapidOCR
+
+        params = {
+            "Global.log_level": "warning",
+            "EngineConfig.onnxruntime.intra_op_num_threads": self.config.threads,
+        }
+        loop = asyncio.get_running_loop()
+        self._ocr = await loop.run_in_executor(self._executor, lambda: RapidOCR(params=params))
+
+    def _recognise_sync(self, page: PageImage) -> PageText:
+        started = time.monotonic()
+        try:
+            output = self._ocr(np.asarray(page.image)[:, :, ::-1])  # RapidOCR wants BGR
+        except Exception as error:
+            raise EngineError(f"RapidOCR failed on page {page.number}: {error}") from error
+        if output.boxes is None or output.txts is None:
+            text = ""
+        else:
+            text = lines_to_markdown(_to_lines(output.boxes, output.txts))
+        return PageText(text=text, finish_reason="stop", seconds=time.monotonic() - started)
+
+    async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._recognise_sync, page)
+
+    async def stop(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,120 @@
+"""Durable file operations: nothing half-written is ever visible, nothing is ever overwritten."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def candidate_names(desired: Path) -> Iterator[Path]:
+    """`name.ext`, then `name-2.ext`, `name-3.ext`, ... for a name that is free."""
+    yield desired
+    stem, suffix = _split_name(desired.name)
+    for number in range(2, 1_000_000):
+        yield desired.with_name(f"{stem}-{number}{suffix}")
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    for compound in (".error.json", ".tar.gz"):
+        if name.endswith(compound) and len(name) > len(compound):
+            return name[: -len(compound)], compound
+    stem, dot, suffix = name.rpartition(".")
+    return (stem, dot + suffix) if stem else (name, "")
+
+
+def free_name(desired: Path, *companions: str) -> Path:
+    """The first candidate that exists neither itself nor with any of the companion suffixes.
+
+    Companions keep related files paired: a failed original `scan.pdf` and its report
+    `scan.error.json` get the same number when either name is taken.
+    """
+    for candidate in candidate_names(desired):
+        stem = _split_name(candidate.name)[0]
+        related = [candidate.with_name(stem + suffix) for suffix in companions]
+        if not candidate.exists() and not any(path.exists() for path in related):
+            return candidate
+    raise FileExistsError(f"no free name for {desired}")
+
+
+def _link_new(source: Path, target: Path) -> None:
+    """Give `source` the name `target` only if `target` does not exist (never overwrites)."""
+    try:
+        os.link(source, target)
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        # Filesystems without hard links (some SMB and FAT mounts): check, then rename.
+        if target.exists():
+            raise FileExistsError(errno.EEXIST, "file exists", str(target)) from None
+        os.rename(source, target)
+        return
+    os.unlink(source)
+
+
+def write_new_file(target: Path, data: bytes) -> None:
+    """Write `target` durably: temporary file, fsync, then link into place.
+
+    A reader sees either no file or the whole file. Raises FileExistsError if `target` exists.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with temporary.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        _link_new(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+    fsync_dir(target.parent)
+
+
+def replace_file(target: Path, data: bytes) -> None:
+    """Atomically replace `target` (for ocrd's own state files, which it may overwrite)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with temporary.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)
+    fsync_dir(target.parent)
+
+
+def move_new(source: Path, target: Path) -> None:
+    """Move `source` to `target`, which must not exist; across filesystems too.
+
+    Across filesystems the copy is made durable before the source is removed, so a crash
+    leaves at worst two copies, never none.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _link_new(source, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        shutil.copy2(source, temporary)
+        with temporary.open("rb") as handle:
+            os.fsync(handle.fileno())
+        try:
+            _link_new(temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
+        fsync_dir(target.parent)
+        source.unlink()
+        fsync_dir(source.parent)
+        return
+    fsync_dir(target.parent)
+    fsync_dir(source.parent)

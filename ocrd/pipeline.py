@@ -1,0 +1,176 @@
+"""Render and recognise one document, many documents at a time.
+
+Pages go to the engine one by one as soon as they are rendered, so the engine's continuous
+batching sees pages from every document in flight. A global budget of page slots bounds
+how many pages are rendered but not yet recognised, so memory does not grow with a
+document's length or with the backlog. Results come back in page order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ocrd.config import InboxConfig, PipelineConfig, PromptMode
+from ocrd.engines import Engine, EngineDeadError, EngineError, PageText
+from ocrd.log import FilteringBoundLogger, get_logger
+from ocrd.render import (
+    InputFormat,
+    PageImage,
+    RenderError,
+    RenderLimits,
+    RenderPool,
+    RenderSettings,
+    detect_format,
+)
+
+
+@dataclass(frozen=True)
+class DocumentSettings:
+    prompt: PromptMode = PromptMode.layout
+    render: RenderSettings = field(default_factory=RenderSettings)
+    page_separator: str = InboxConfig.model_fields["page_separator"].default
+
+    @classmethod
+    def of(cls, inbox: InboxConfig) -> DocumentSettings:
+        return cls(
+            inbox.prompt, RenderSettings(inbox.dpi, inbox.max_image_side), inbox.page_separator
+        )
+
+
+class DocumentFailed(Exception):
+    """The document cannot be converted; it goes to failed/ with this reason."""
+
+    def __init__(
+        self, stage: str, message: str, page: int | None = None, error_type: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.page = page
+        self.error_type = error_type or type(self).__name__
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+@dataclass
+class DocumentResult:
+    format: InputFormat
+    pages: list[PageText]
+    seconds: float
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(page.prompt_tokens for page in self.pages)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(page.completion_tokens for page in self.pages)
+
+    def finish_reasons(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for page in self.pages:
+            counts[page.finish_reason] = counts.get(page.finish_reason, 0) + 1
+        return counts
+
+
+class Pipeline:
+    def __init__(self, engine: Engine, renderers: RenderPool, max_pages_in_flight: int) -> None:
+        self.engine = engine
+        self.renderers = renderers
+        self._page_slots = asyncio.Semaphore(max_pages_in_flight)
+        self.pages_in_flight = 0
+        self.on_page_done: list[Callable[[PageText], None]] = []  # e.g. the throughput meter
+
+    @classmethod
+    def create(cls, engine: Engine, config: PipelineConfig) -> Pipeline:
+        limits = RenderLimits(
+            max_page_pixels=config.max_page_pixels,
+            memory_limit_mb=config.render_memory_limit_mb,
+            page_timeout_seconds=config.page_render_timeout_seconds,
+        )
+        return cls(engine, RenderPool(config.render_workers, limits), config.max_pages_in_flight)
+
+    async def convert(
+        self, path: Path, settings: DocumentSettings, log: FilteringBoundLogger | None = None
+    ) -> DocumentResult:
+        """Render and recognise every page of `path`; raises DocumentFailed with the reason."""
+        log = log or get_logger(path=str(path))
+        started = time.monotonic()
+        try:
+            fmt = detect_format(path)
+        except RenderError as error:
+            raise DocumentFailed("detect", str(error), error_type="UnsupportedInput") from None
+        except OSError as error:
+            raise DocumentFailed("detect", f"cannot read the file: {error.strerror}") from None
+        try:
+            pages = await self._render_and_recognise(path, fmt, settings, log)
+        except BaseExceptionGroup as group:
+            raise _document_failure(group) from None
+        return DocumentResult(fmt, pages, time.monotonic() - started)
+
+    async def _render_and_recognise(
+        self, path: Path, fmt: InputFormat, settings: DocumentSettings, log: FilteringBoundLogger
+    ) -> list[PageText]:
+        tasks: list[asyncio.Task[PageText]] = []
+        async with asyncio.TaskGroup() as group, self.renderers.worker() as renderer:
+            count = await renderer.open(path, fmt, settings.render)
+            log.info("document.opened", format=str(fmt), pages=count)
+            for number in range(1, count + 1):
+                await self._page_slots.acquire()
+                try:
+                    page = await renderer.render(number)
+                except BaseException:
+                    self._page_slots.release()
+                    raise
+                tasks.append(group.create_task(self._recognise(page, settings.prompt, log)))
+        return [task.result() for task in tasks]
+
+    async def _recognise(
+        self, page: PageImage, prompt: PromptMode, log: FilteringBoundLogger
+    ) -> PageText:
+        self.pages_in_flight += 1
+        try:
+            result = await self.engine.recognise(page, prompt)
+        except EngineError as error:
+            raise EngineError(str(error), page=page.number) from error
+        finally:
+            self.pages_in_flight -= 1
+            self._page_slots.release()
+        log.info(
+            "page.recognised",
+            page=page.number,
+            size=f"{page.image.width}x{page.image.height}",
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            seconds=round(result.seconds, 3),
+        )
+        for callback in self.on_page_done:
+            callback(result)
+        return result
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return found
+
+
+def _document_failure(group: BaseExceptionGroup) -> BaseException:
+    """The one error that decides a document's fate; a dead engine outranks everything."""
+    errors = _leaves(group)
+    for error in errors:
+        if isinstance(error, EngineDeadError):
+            return error
+    error = errors[0]
+    if isinstance(error, RenderError):
+        return DocumentFailed("render", str(error), error.page, "RenderError")
+    if isinstance(error, EngineError):
+        return DocumentFailed("recognise", str(error), error.page, "EngineError")
+    return error  # a bug in ocrd: let it surface with its traceback

@@ -1,0 +1,112 @@
+"""Settling: the original leaves the work area for done/ or failed/, exactly once.
+
+Every settlement is planned (destinations chosen and saved in the claim) before anything
+moves, and each step is durable before the next, so a restart after a crash at any point
+finishes the same settlement instead of starting another: one Markdown file, one original.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ocrd import __version__
+from ocrd.claim import Claim, Settlement, now_iso
+from ocrd.config import InboxConfig
+from ocrd.files import free_name, move_new, write_new_file
+from ocrd.pipeline import DocumentFailed
+from ocrd.write import markdown_target, write_markdown
+
+ERROR_SUFFIX = ".error.json"
+
+
+def error_report(
+    failure: DocumentFailed, claim: Claim | None, engine: str, path: Path
+) -> dict[str, Any]:
+    return {
+        "file": path.name,
+        "document_id": claim.id if claim else None,
+        "inbox": claim.state.inbox if claim else None,
+        "relative_path": claim.state.relative_path if claim else None,
+        "stage": failure.stage,
+        "page": failure.page,
+        "error_type": failure.error_type,
+        "message": failure.message,
+        "claimed_at": claim.state.claimed_at if claim else None,
+        "failed_at": now_iso(),
+        "engine": engine,
+        "attempts": claim.state.attempts if claim else 1,
+        "ocrd_version": __version__,
+    }
+
+
+def report_path(original: Path) -> Path:
+    return original.with_name(original.stem + ERROR_SUFFIX)
+
+
+def write_report(target: Path, report: dict[str, Any]) -> None:
+    write_new_file(target, (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode())
+
+
+def _move_original(claim: Claim, target: Path) -> None:
+    source = claim.path
+    if target.exists() and (os.path.samefile(source, target) or filecmp.cmp(source, target, False)):
+        source.unlink()  # an earlier run put it there and died before removing the source
+        return
+    try:
+        move_new(source, target)
+    except FileExistsError:  # someone else's file took the name after it was planned
+        move_new(source, free_name(target, ERROR_SUFFIX))
+
+
+class Settler:
+    def __init__(self, inbox: InboxConfig, engine: str) -> None:
+        self.inbox = inbox
+        self.engine = engine
+
+    def done(self, claim: Claim, markdown: str) -> Settlement:
+        relative = claim.relative_path
+        settlement = Settlement(
+            outcome="done",
+            original=str(free_name(self.inbox.done / relative)),
+            markdown=str(markdown_target(self.inbox.outbox, relative)),
+        )
+        claim.plan(settlement)
+        write_markdown(Path(settlement.markdown), markdown)
+        self._finish(claim, settlement)
+        return settlement
+
+    def failed(self, claim: Claim, failure: DocumentFailed) -> Settlement:
+        original = free_name(self.inbox.failed / claim.relative_path, ERROR_SUFFIX)
+        settlement = Settlement(
+            outcome="failed",
+            original=str(original),
+            error_report=str(report_path(original)),
+            error=error_report(failure, claim, self.engine, claim.path),
+        )
+        claim.plan(settlement)
+        write_report(Path(settlement.error_report), settlement.error)
+        self._finish(claim, settlement)
+        return settlement
+
+    def resume(self, claim: Claim) -> Settlement | None:
+        """Finish a settlement an earlier run planned; None if the document must be redone."""
+        settlement = claim.state.settlement
+        if settlement is None:
+            return None
+        if settlement.outcome == "done":
+            if settlement.markdown is None or not Path(settlement.markdown).is_file():
+                return None  # died before the Markdown was in place: convert again
+        else:
+            report = Path(settlement.error_report or report_path(Path(settlement.original)))
+            if not report.exists():
+                write_report(report, settlement.error or {})
+        self._finish(claim, settlement)
+        return settlement
+
+    def _finish(self, claim: Claim, settlement: Settlement) -> None:
+        _move_original(claim, Path(settlement.original))
+        claim.release()
