@@ -22,6 +22,8 @@ from typing import Any
 
 from PIL import Image
 
+WORKER_START_SECONDS = 60.0
+
 
 class InputFormat(StrEnum):
     pdf = "pdf"
@@ -153,6 +155,8 @@ class _RasterSource:
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, limits: RenderLimits) -> None:
+    import pymupdf  # noqa: F401  (imported before the first request's clock starts)
+
     limit = limits.memory_limit_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     source: _PdfSource | _RasterSource | None = None
@@ -167,6 +171,8 @@ def _worker_main(conn: multiprocessing.connection.Connection, limits: RenderLimi
                 kind = _PdfSource if fmt == InputFormat.pdf else _RasterSource
                 source = kind(Path(path), settings, limits)
                 conn.send(("ok", source.page_count))
+            elif request[0] == "ping":
+                conn.send(("ok", None))
             elif request[0] == "render":
                 assert source is not None
                 conn.send(("ok", source.render(request[1])))
@@ -209,10 +215,14 @@ class RenderWorker:
             self._process.start()
             child.close()
             self._conn = parent
+            parent.send(("ping",))  # returns once the child has imported its libraries
+            parent.recv()
         return self._conn
 
     def _call(self, request: tuple[Any, ...]) -> Any:
-        conn = self._ensure_started()
+        conn = self._conn
+        if conn is None or self._process is None or not self._process.is_alive():
+            raise EOFError("the render process is gone")
         conn.send(request)
         reply = conn.recv()
         if reply[0] == "error":
@@ -222,6 +232,10 @@ class RenderWorker:
     async def _request(self, request: tuple[Any, ...], what: str, page: int | None) -> Any:
         loop = asyncio.get_running_loop()
         try:
+            if request[0] == "open":  # starting a process is not the document's time
+                await asyncio.wait_for(
+                    loop.run_in_executor(self._thread, self._ensure_started), WORKER_START_SECONDS
+                )
             return await asyncio.wait_for(
                 loop.run_in_executor(self._thread, self._call, request),
                 timeout=self.limits.page_timeout_seconds,

@@ -94,26 +94,36 @@ def _regions(lines: list[TextLine], body_height: float) -> list[list[TextLine]]:
 
 
 def _paragraphs(lines: list[TextLine], body_height: float) -> list[str]:
-    """Rows of one region joined into paragraphs; rows in much larger type become headings."""
+    """Rows of one region joined into paragraphs; rows in much larger type become headings.
+
+    A paragraph ends at a larger gap than usual, or after a sentence that stops well short
+    of the region's right edge (scans often have no extra space between paragraphs).
+    """
     rows = _rows(lines)
     gaps = [
         min(item.y0 for item in below) - max(item.y1 for item in above)
         for above, below in itertools.pairwise(rows)
     ]
     paragraph_gap = max(statistics.median(gaps) if gaps else 0.0, 0.0) + 0.5 * body_height
+    left = min(line.x0 for line in lines)
+    right = max(line.x1 for line in lines)
     blocks: list[str] = []
     current = ""
+    ended_short = False  # the previous row ended a sentence well before the right margin
     for index, row in enumerate(rows):
         text = " ".join(item.text.strip() for item in row)
         if statistics.median(item.height for item in row) >= 1.6 * body_height and len(text) <= 120:
             blocks.extend([current] if current else [])
             blocks.append(f"## {text}")
             current = ""
-        elif not current or (index > 0 and gaps[index - 1] > paragraph_gap):
+        elif not current or (index > 0 and gaps[index - 1] > paragraph_gap) or ended_short:
             blocks.extend([current] if current else [])
             current = text
         else:
             current = _join_text(current, text)
+        ended_short = text.endswith((".", "!", "?", ":")) and row[-1].x1 < right - 0.25 * (
+            right - left
+        )
     return [*blocks, current] if current else blocks
 
 

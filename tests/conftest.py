@@ -1,0 +1,131 @@
+"""Shared helpers: the corpus, configs in temporary folders, `ocrd run` as a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    if not CORPUS.is_dir():
+        pytest.fail(f"the test corpus is missing: expected {CORPUS} (shared/ beside the checkout)")
+    return CORPUS
+
+
+def write_config(folder: Path, inbox: dict[str, Any] | None = None, **sections: Any) -> Path:
+    """A config with one inbox `folder/data/inbox` (created) and the given overrides."""
+    (folder / "data" / "inbox").mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {
+        "inboxes": [{"path": "data/inbox", "settle_seconds": 0.5, **(inbox or {})}],
+        "engine": {"kind": "simulated", "simulated": {"seconds_per_page": 0.05}},
+        "pipeline": {"rescan_interval_seconds": 2, "status_interval_seconds": 0.5},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def files_under(folder: Path) -> list[str]:
+    """Relative paths of the files under `folder`, sorted; [] if it does not exist."""
+    if not folder.exists():
+        return []
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class DaemonProcess:
+    """`ocrd run` in a subprocess, its JSON log lines collected as they come."""
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.raw: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ocrd", "run", "--config", str(config), "--log-format", "json"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.raw.append(line)
+            with contextlib.suppress(ValueError):  # a library's plain line
+                self.events.append(json.loads(line))
+
+    def find(self, event: str, **fields: Any) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in list(self.events)
+            if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())
+        ]
+
+    def wait_for(
+        self, event: str, timeout: float = 60, count: int = 1, **fields: Any
+    ) -> list[dict[str, Any]]:
+        def found() -> list[dict[str, Any]] | None:
+            if self.process.poll() is not None and len(self.find(event, **fields)) < count:
+                raise AssertionError(f"ocrd exited ({self.process.returncode}):\n{self.output()}")
+            matches = self.find(event, **fields)
+            return matches if len(matches) >= count else None
+
+        return wait_until(found, timeout, f"{count} x {event} {fields}\n{self.output()}")
+
+    def output(self) -> str:
+        return "".join(self.raw[-60:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def start_daemon() -> Iterator[Callable[..., DaemonProcess]]:
+    started: list[DaemonProcess] = []
+
+    def start(config: Path, env: dict[str, str] | None = None) -> DaemonProcess:
+        daemon = DaemonProcess(config, env)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.kill()

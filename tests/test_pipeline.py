@@ -1,0 +1,110 @@
+"""The pipeline's own logic, with the simulated engine standing in for the GPU."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from helpers import make_pdf
+
+from ocrd.config import PipelineConfig, PromptMode, SimulatedConfig
+from ocrd.engines.base import EngineError, PageText
+from ocrd.engines.simulated import SimulatedEngine
+from ocrd.pipeline import DocumentFailed, DocumentSettings, Pipeline
+from ocrd.render import PageImage
+
+
+class RecordingEngine(SimulatedEngine):
+    """The simulated engine, with uneven page times (so pages finish out of order) and a
+    record of how many pages it held at once and which documents they came from."""
+
+    def __init__(self, capacity: int = 64, fail_page: int | None = None) -> None:
+        super().__init__(SimulatedConfig(seconds_per_page=0.0, capacity=capacity))
+        self.active = 0
+        self.peak = 0
+        self.fail_page = fail_page
+        self.calls = 0
+
+    async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
+        self.calls += 1
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await asyncio.sleep(0.02 * ((page.number * 7) % 5))
+            if page.number == self.fail_page:
+                raise EngineError("simulated failure")
+            return await super().recognise(page, mode)
+        finally:
+            self.active -= 1
+
+
+def run_pipeline(engine, paths, max_pages_in_flight=64, render_workers=2):
+    async def run():
+        pipeline = Pipeline.create(
+            engine,
+            PipelineConfig(max_pages_in_flight=max_pages_in_flight, render_workers=render_workers),
+        )
+        try:
+            results = await asyncio.gather(
+                *(pipeline.convert(p, DocumentSettings()) for p in paths), return_exceptions=True
+            )
+        finally:
+            pipeline.renderers.shutdown()
+        return results
+
+    return asyncio.run(run())
+
+
+def test_pages_come_back_in_order_although_they_finish_out_of_order(tmp_path: Path) -> None:
+    pdf = make_pdf(tmp_path / "doc.pdf", 12)
+    [result] = run_pipeline(RecordingEngine(), [pdf])
+    numbers = [int(page.text.split("Simulated page ")[1].split()[0]) for page in result.pages]
+    assert numbers == list(range(1, 13))
+    assert result.finish_reasons() == {"stop": 12}
+
+
+def test_pages_in_flight_never_exceed_the_budget(tmp_path: Path) -> None:
+    pdfs = [make_pdf(tmp_path / f"doc{i}.pdf", 10) for i in range(4)]
+    engine = RecordingEngine()
+    results = run_pipeline(engine, pdfs, max_pages_in_flight=5, render_workers=2)
+    assert all(len(r.pages) == 10 for r in results)
+    assert engine.calls == 40
+    assert 2 <= engine.peak <= 5
+
+
+def test_pages_of_several_documents_are_in_the_engine_together(tmp_path: Path) -> None:
+    pdfs = [make_pdf(tmp_path / f"doc{i}.pdf", 2) for i in range(4)]
+    engine = RecordingEngine()
+    run_pipeline(engine, pdfs, max_pages_in_flight=64, render_workers=4)
+    assert engine.peak >= 3  # pages from at least two documents at once
+
+
+def test_a_failing_page_fails_its_document_only(tmp_path: Path) -> None:
+    bad = make_pdf(tmp_path / "bad.pdf", 6)
+    good = tmp_path / "good.pdf"
+    make_pdf(good, 2)  # pages 1-2 only: never reaches the failing page number
+    results = run_pipeline(RecordingEngine(fail_page=4), [bad, good])
+    assert isinstance(results[0], DocumentFailed)
+    assert (results[0].stage, results[0].page) == ("recognise", 4)
+    assert len(results[1].pages) == 2
+
+
+def test_unsupported_input_fails_at_detection(tmp_path: Path) -> None:
+    text = tmp_path / "letter.pdf"
+    text.write_text("Dear sir")
+    [failure] = run_pipeline(RecordingEngine(), [text])
+    assert isinstance(failure, DocumentFailed)
+    assert failure.stage == "detect"
+    assert "not a PDF" in failure.message
+
+
+def test_every_hostile_pdf_fails_with_a_reason_or_converts(corpus: Path) -> None:
+    paths = sorted((corpus / "hostile").glob("*.pdf"))
+    assert len(paths) > 20
+    results = run_pipeline(RecordingEngine(), paths, render_workers=2)
+    for path, result in zip(paths, results, strict=True):
+        if isinstance(result, DocumentFailed):
+            assert result.message.strip(), path.name
+        else:
+            assert not isinstance(result, BaseException), f"{path.name}: {result!r}"
+            assert len(result.pages) >= 1, path.name

@@ -1,0 +1,65 @@
+"""The CPU engine, with RapidOCR's real models, on real scans."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+from PIL import Image
+
+from ocrd.config import PromptMode, RapidOcrConfig
+from ocrd.engines.rapidocr import RapidOcrEngine, TextLine, lines_to_markdown
+from ocrd.render import PageImage
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def test_phototest_markdown_contains_every_word_of_the_ground_truth(corpus: Path) -> None:
+    image = Image.open(corpus / "scans" / "phototest.tif").convert("RGB")
+
+    async def run() -> str:
+        engine = RapidOcrEngine(RapidOcrConfig())
+        await engine.start()
+        try:
+            page = PageImage(1, image, image.width, image.height)
+            return (await engine.recognise(page, PromptMode.layout)).text
+        finally:
+            await engine.stop()
+
+    markdown = run_text = asyncio.run(run())
+    expected = words((corpus / "scans" / "phototest.txt").read_text())
+    found = set(words(run_text))
+    missing = [word for word in expected if word not in found]
+    assert not missing, f"missing {missing} in:\n{markdown}"
+    assert "\n\n" in markdown  # more than one paragraph
+
+
+def line(x0: float, y0: float, text: str, height: float = 20, width: float = 300) -> TextLine:
+    return TextLine(x0, y0, x0 + width, y0 + height, text)
+
+
+def test_two_columns_are_read_column_by_column_under_a_full_width_title() -> None:
+    lines = [
+        line(0, 0, "A Title Across The Page", height=45, width=700),
+        line(0, 80, "left one"),
+        line(400, 80, "right one"),
+        line(0, 105, "left two"),
+        line(400, 105, "right two"),
+        line(0, 130, "left three-"),
+        line(400, 130, "right three"),
+        line(0, 155, "word"),
+    ]
+    assert lines_to_markdown(lines).split("\n\n") == [
+        "## A Title Across The Page",
+        "left one left two left threeword",
+        "right one right two right three",
+    ]
+
+
+def test_a_large_gap_starts_a_new_paragraph() -> None:
+    lines = [line(0, 0, "first"), line(0, 25, "still first"), line(0, 90, "second")]
+    assert lines_to_markdown(lines) == "first still first\n\nsecond"
+    assert lines_to_markdown([]) == ""

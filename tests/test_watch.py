@@ -1,0 +1,161 @@
+"""Watching with real watchdog observers (inotify and polling) on a temporary inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path, PurePath
+
+import pytest
+
+from ocrd.config import InboxConfig
+from ocrd.watch import InboxWatcher, SettleTracker, is_candidate_name
+
+
+def inbox_config(path: Path, **overrides: object) -> InboxConfig:
+    return InboxConfig(
+        path=path, settle_seconds=0.6, poll_interval_seconds=0.2, **overrides
+    ).derived(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "taken"),
+    [
+        ("scan.pdf", True),
+        ("sub/scan.PDF", True),
+        ("no-extension", True),
+        (".hidden.pdf", False),
+        (".sync/scan.pdf", False),
+        ("upload.pdf.part", False),
+        ("upload.pdf.filepart", False),
+        ("scan.tmp", False),
+        ("download.pdf.crdownload", False),
+        ("~$report.docx", False),
+    ],
+)
+def test_candidate_names(tmp_path: Path, name: str, taken: bool) -> None:
+    assert is_candidate_name(PurePath(name), inbox_config(tmp_path)) is taken
+
+
+def test_include_ignore_and_recursion(tmp_path: Path) -> None:
+    config = inbox_config(
+        tmp_path, include=("*.pdf", "*.tif"), ignore=("drafts/*",), recursive=False
+    )
+    assert is_candidate_name(PurePath("a.pdf"), config)
+    assert not is_candidate_name(PurePath("a.png"), config)
+    assert not is_candidate_name(PurePath("sub/a.pdf"), config)  # not recursive
+    config = inbox_config(tmp_path, ignore=("drafts/*",))
+    assert not is_candidate_name(PurePath("drafts/a.pdf"), config)
+    assert is_candidate_name(PurePath("final/a.pdf"), config)
+
+
+async def collect_ready(config: InboxConfig, actions, seconds: float) -> list[Path]:
+    """Run a real watcher and settle tracker while `actions` changes the inbox."""
+    loop = asyncio.get_running_loop()
+    tracker = SettleTracker(config)
+    watcher = InboxWatcher(config, loop, tracker.observe)
+    ready: list[Path] = []
+    watcher.start()
+    try:
+
+        async def tick() -> None:
+            while True:
+                ready.extend(tracker.ready())
+                await asyncio.sleep(0.1)
+
+        ticker = asyncio.create_task(tick())
+        await actions()
+        await asyncio.sleep(seconds)
+        ticker.cancel()
+    finally:
+        watcher.stop()
+    return ready
+
+
+@pytest.mark.parametrize("polling", [False, True], ids=["inotify", "polling"])
+def test_new_files_and_moved_in_folders_become_ready_once(tmp_path: Path, polling: bool) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "present-at-start.pdf").write_bytes(b"%PDF-1.4 old")
+    outside = tmp_path / "outside"
+    (outside / "nested").mkdir(parents=True)
+    (outside / "nested" / "deep.pdf").write_bytes(b"%PDF-1.4 deep")
+    config = inbox_config(inbox, polling=polling)
+
+    async def actions() -> None:
+        await asyncio.sleep(0.3)
+        (inbox / "new.pdf").write_bytes(b"%PDF-1.4 new")
+        (inbox / "upload.pdf.part").write_bytes(b"partial")
+        (inbox / ".hidden.pdf").write_bytes(b"hidden")
+        os.rename(outside, inbox / "moved-in")
+
+    ready = asyncio.run(collect_ready(config, actions, 2.5))
+    assert sorted(str(p.relative_to(inbox)) for p in ready) == [
+        "moved-in/nested/deep.pdf",
+        "new.pdf",
+        "present-at-start.pdf",
+    ]
+
+
+def test_a_file_written_slowly_is_ready_only_after_it_stops_changing(tmp_path: Path) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    config = inbox_config(inbox)
+    timeline: list[tuple[str, float]] = []
+
+    async def actions() -> None:
+        loop = asyncio.get_running_loop()
+        timeline.append(("start", loop.time()))
+        with (inbox / "slow.pdf").open("wb") as handle:
+            for _ in range(8):  # 8 chunks 0.3 s apart: longer than the 0.6 s settle time in all
+                handle.write(b"x" * 1000)
+                handle.flush()
+                await asyncio.sleep(0.3)
+            timeline.append(("last write", loop.time() - 0.3))
+
+    loop_ready: list[float] = []
+    sizes: list[int] = []
+
+    async def run() -> list[Path]:
+        loop = asyncio.get_running_loop()
+        tracker = SettleTracker(config)
+        watcher = InboxWatcher(config, loop, tracker.observe)
+        watcher.start()
+        ready: list[Path] = []
+        writer = asyncio.create_task(actions())
+        try:
+            for _ in range(60):
+                found = tracker.ready()
+                if found:
+                    ready.extend(found)
+                    loop_ready.append(loop.time())
+                    sizes.extend(path.stat().st_size for path in found)
+                await asyncio.sleep(0.1)
+        finally:
+            watcher.stop()
+            await writer
+        return ready
+
+    ready = asyncio.run(run())
+    assert [p.name for p in ready] == ["slow.pdf"]
+    assert sizes == [8000]  # complete when taken
+    assert loop_ready[0] >= timeline[-1][1] + 0.5  # and only after a quiet settle period
+
+
+def test_symlinks_and_fifos_are_left_in_place(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    target = tmp_path / "elsewhere.pdf"
+    target.write_bytes(b"%PDF-1.4")
+    (inbox / "link.pdf").symlink_to(target)
+    os.mkfifo(inbox / "pipe.pdf")
+    config = inbox_config(inbox)
+
+    async def actions() -> None:
+        return None
+
+    ready = asyncio.run(collect_ready(config, actions, 1.5))
+    assert ready == []
+    assert (inbox / "link.pdf").is_symlink() and (inbox / "pipe.pdf").exists()
