@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ocrd import __version__
-from ocrd.config import Config, ConfigError, EngineConfig, load_config
+from ocrd.config import Config, ConfigError, EngineConfig, PipelineConfig, load_config
 from ocrd.log import configure_logging
 
 ENGINES = click.Choice(["auto", "vllm", "rapidocr", "simulated"])
@@ -96,16 +96,22 @@ def convert(
 ) -> None:
     """Convert FILES once, leaving them untouched; exit 1 if any failed."""
     from ocrd.convert import convert_files
+    from ocrd.pipeline import DocumentSettings
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
-    config = (
-        _load(config_path)
-        if config_path
-        else Config.model_construct(
-            inboxes=(), engine=EngineConfig(), pipeline=Config.model_fields["pipeline"].default
+    if config_path:
+        config = _load(config_path)
+        engine_config, pipeline_config = config.engine, config.pipeline
+        settings = DocumentSettings.of(config.inboxes[0])
+    else:
+        engine_config, pipeline_config, settings = (
+            EngineConfig(),
+            PipelineConfig(),
+            DocumentSettings(),
         )
-    )
-    failed = asyncio.run(convert_files(list(files), out, config, engine))
+    if engine:
+        engine_config = engine_config.model_copy(update={"kind": engine})
+    failed = asyncio.run(convert_files(list(files), out, engine_config, pipeline_config, settings))
     if failed:
         click.echo(
             f"ocrd: {failed} of {len(files)} files failed; see the .error.json files in {out}",

@@ -82,6 +82,7 @@ class VllmConfig(Strict):
     ngram_window: Annotated[int, Field(ge=1)] = 90
     ngram_whitelist_token_ids: tuple[int, ...] = (128821, 128822)
     dtype: str = "auto"
+    enforce_eager: bool = False
     load_format: str = "auto"
     kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = None
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0

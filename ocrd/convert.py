@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path, PurePath
 
-from ocrd.config import Config
+from ocrd.config import EngineConfig, PipelineConfig
 from ocrd.engines import EngineDeadError, choose_engine, create_engine
 from ocrd.files import free_name
 from ocrd.log import get_logger
@@ -19,18 +19,20 @@ from ocrd.write import markdown_target, render_markdown, write_markdown
 
 
 async def convert_files(
-    files: list[Path], out: Path, config: Config, engine_kind: str | None
+    files: list[Path],
+    out: Path,
+    engine_config: EngineConfig,
+    pipeline_config: PipelineConfig,
+    settings: DocumentSettings,
 ) -> int:
     """Convert every file; the number of files that failed."""
     log = get_logger()
-    engine_config = config.engine.model_copy(update={"kind": engine_kind or config.engine.kind})
     choice = choose_engine(engine_config)
     log.info("engine.selected", engine=choice.kind, reason=choice.reason)
     engine = create_engine(engine_config, choice.kind)
     await engine.start()
-    pipeline = Pipeline.create(engine, config.pipeline)
-    settings = DocumentSettings.of(config.inboxes[0]) if config.inboxes else DocumentSettings()
-    documents = asyncio.Semaphore(config.pipeline.max_documents_in_flight)
+    pipeline = Pipeline.create(engine, pipeline_config)
+    documents = asyncio.Semaphore(pipeline_config.max_documents_in_flight)
     out.mkdir(parents=True, exist_ok=True)
 
     async def convert_one(path: Path) -> bool:

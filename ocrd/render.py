@@ -96,7 +96,7 @@ def detect_format(path: Path) -> InputFormat:
 
 
 class _PdfSource:
-    def __init__(self, path: Path, settings: RenderSettings, limits: RenderLimits) -> None:
+    def __init__(self, path: Path, settings: RenderSettings) -> None:
         import pymupdf
 
         self.settings = settings
@@ -168,8 +168,10 @@ def _worker_main(conn: multiprocessing.connection.Connection, limits: RenderLimi
         try:
             if request[0] == "open":
                 _, path, fmt, settings = request
-                kind = _PdfSource if fmt == InputFormat.pdf else _RasterSource
-                source = kind(Path(path), settings, limits)
+                if fmt == InputFormat.pdf:
+                    source = _PdfSource(Path(path), settings)
+                else:
+                    source = _RasterSource(Path(path), settings, limits)
                 conn.send(("ok", source.page_count))
             elif request[0] == "ping":
                 conn.send(("ok", None))

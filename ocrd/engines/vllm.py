@@ -62,6 +62,7 @@ class VllmEngine:
             model=config.model,
             tokenizer=config.tokenizer,
             dtype=config.dtype,
+            enforce_eager=config.enforce_eager,
             load_format=config.load_format,
             max_model_len=config.max_model_len,
             max_num_seqs=config.max_num_seqs,
