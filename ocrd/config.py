@@ -49,6 +49,7 @@ class InboxConfig(Strict):
     dpi: Annotated[int, Field(ge=36, le=600)] = 144
     max_image_side: Annotated[int, Field(ge=256, le=10000)] = 2048
     page_separator: str = "\n\n<!-- page {page} -->\n\n"
+    unfinished_pages: Literal["done", "failed"] = "done"
 
     def derived(self, base: Path) -> InboxConfig:
         """Absolute paths, with output folders defaulting to siblings of the inbox."""
@@ -69,6 +70,15 @@ class InboxConfig(Strict):
         )
 
 
+class SamplingConfig(Strict):
+    """DeepSeek-OCR-2's decoding settings, the same in-process and remote."""
+
+    max_tokens: Annotated[int, Field(ge=1)] = 8192
+    ngram_size: Annotated[int, Field(ge=0)] = 30
+    ngram_window: Annotated[int, Field(ge=1)] = 90
+    ngram_whitelist_token_ids: tuple[int, ...] = (128821, 128822)
+
+
 class VllmConfig(Strict):
     model: str = "deepseek-ai/DeepSeek-OCR-2"
     tokenizer: str | None = None
@@ -77,15 +87,23 @@ class VllmConfig(Strict):
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     max_model_len: Annotated[int, Field(ge=1024)] = 8192
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
-    max_tokens: Annotated[int, Field(ge=1)] = 8192
-    ngram_size: Annotated[int, Field(ge=0)] = 30
-    ngram_window: Annotated[int, Field(ge=1)] = 90
-    ngram_whitelist_token_ids: tuple[int, ...] = (128821, 128822)
     dtype: str = "auto"
     enforce_eager: bool = False
     load_format: str = "auto"
     kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = None
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+
+
+class OpenAiConfig(Strict):
+    """A remote OpenAI-compatible server (`vllm serve`), or a fleet of them."""
+
+    base_urls: Annotated[tuple[str, ...], Field(min_length=1)] = ("http://127.0.0.1:8000/v1",)
+    model: str = "deepseek-ai/DeepSeek-OCR-2"
+    api_key_env: str = "OCRD_OPENAI_API_KEY"
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    max_concurrency: Annotated[int, Field(ge=1)] = 64
+    retries: Annotated[int, Field(ge=0)] = 5
+    retry_backoff_seconds: Annotated[float, Field(gt=0)] = 1.0
 
 
 class RapidOcrConfig(Strict):
@@ -100,8 +118,10 @@ class SimulatedConfig(Strict):
 
 
 class EngineConfig(Strict):
-    kind: Literal["auto", "vllm", "rapidocr", "simulated"] = "auto"
+    kind: Literal["auto", "vllm", "openai", "rapidocr", "simulated"] = "auto"
+    sampling: SamplingConfig = SamplingConfig()
     vllm: VllmConfig = VllmConfig()
+    openai: OpenAiConfig = OpenAiConfig()
     rapidocr: RapidOcrConfig = RapidOcrConfig()
     simulated: SimulatedConfig = SimulatedConfig()
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
 EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStatus=78)
 
 TICK_SECONDS = 0.5
+HEALTH_CHECK_SECONDS = 2.0
 
 
 class StartupError(Exception):
@@ -203,6 +206,7 @@ class Daemon:
             self._every(TICK_SECONDS, self.collect_ready_files),
             self._every(self.config.pipeline.rescan_interval_seconds, self.rescan),
             self._every(self.config.pipeline.status_interval_seconds, self.report_status),
+            self._every(HEALTH_CHECK_SECONDS, self.check_engine),
             self.dispatch(),
         ]
         interval = self.notifier.watchdog_interval
@@ -239,10 +243,28 @@ class Daemon:
     # --- serving -----------------------------------------------------------------------
 
     @staticmethod
-    async def _every(seconds: float, action: object) -> None:
+    async def _every(seconds: float, action: Callable[[], object]) -> None:
         while True:
             await asyncio.sleep(seconds)
-            action()
+            outcome = action()
+            if inspect.isawaitable(outcome):
+                await outcome
+
+    async def check_engine(self) -> None:
+        assert self.engine is not None
+        try:
+            await self.engine.check_health()
+        except EngineDeadError as error:
+            self.engine_died(error)
+
+    def engine_died(self, error: EngineDeadError) -> None:
+        self.log.error(
+            "engine.dead",
+            error=str(error),
+            action="exiting so that systemd restarts ocrd; claimed files stay in the work area",
+        )
+        self.exit_code = EXIT_FATAL
+        self._stop.set()
 
     def collect_ready_files(self) -> None:
         for inbox in self.inboxes:
@@ -309,13 +331,7 @@ class Daemon:
             return
         error = task.exception()
         if isinstance(error, EngineDeadError):
-            self.log.error(
-                "engine.dead",
-                error=str(error),
-                action="exiting so that systemd restarts ocrd; claimed files stay in the work area",
-            )
-            self.exit_code = EXIT_FATAL
-            self._stop.set()
+            self.engine_died(error)
         elif error is not None:
             self.log.error("document.crashed", error=repr(error))
 
@@ -368,6 +384,7 @@ class Daemon:
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
             finish_reasons=result.finish_reasons(),
+            unfinished_pages=result.unfinished_pages,
             markdown=settlement.markdown,
             original=settlement.original,
         )

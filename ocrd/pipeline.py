@@ -33,11 +33,15 @@ class DocumentSettings:
     prompt: PromptMode = PromptMode.layout
     render: RenderSettings = field(default_factory=RenderSettings)
     page_separator: str = InboxConfig.model_fields["page_separator"].default
+    unfinished_pages: str = "done"  # or "failed": where a document with unfinished pages goes
 
     @classmethod
     def of(cls, inbox: InboxConfig) -> DocumentSettings:
         return cls(
-            inbox.prompt, RenderSettings(inbox.dpi, inbox.max_image_side), inbox.page_separator
+            inbox.prompt,
+            RenderSettings(inbox.dpi, inbox.max_image_side),
+            inbox.page_separator,
+            inbox.unfinished_pages,
         )
 
 
@@ -70,6 +74,11 @@ class DocumentResult:
     @property
     def completion_tokens(self) -> int:
         return sum(page.completion_tokens for page in self.pages)
+
+    @property
+    def unfinished_pages(self) -> list[int]:
+        """1-based numbers of pages the engine stopped before their end (token limit, loop)."""
+        return [number for number, page in enumerate(self.pages, start=1) if not page.finished]
 
     def finish_reasons(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -111,7 +120,16 @@ class Pipeline:
             pages = await self._render_and_recognise(path, fmt, settings, log)
         except BaseExceptionGroup as group:
             raise _document_failure(group) from None
-        return DocumentResult(fmt, pages, time.monotonic() - started)
+        result = DocumentResult(fmt, pages, time.monotonic() - started)
+        if result.unfinished_pages and settings.unfinished_pages == "failed":
+            raise DocumentFailed(
+                "recognise",
+                f"{_describe_unfinished(result)}; the inbox's unfinished_pages setting is "
+                "'failed' (set it to 'done' to keep such text with a marker)",
+                result.unfinished_pages[0],
+                "UnfinishedPages",
+            )
+        return result
 
     async def _render_and_recognise(
         self, path: Path, fmt: InputFormat, settings: DocumentSettings, log: FilteringBoundLogger
@@ -149,6 +167,7 @@ class Pipeline:
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
             seconds=round(result.seconds, 3),
+            engine_interval=result.engine_interval,
         )
         for callback in self.on_page_done:
             callback(result)
@@ -174,3 +193,9 @@ def _document_failure(group: BaseExceptionGroup) -> BaseException:
     if isinstance(error, EngineError):
         return DocumentFailed("recognise", str(error), error.page, "EngineError")
     return error  # a bug in ocrd: let it surface with its traceback
+
+
+def _describe_unfinished(result: DocumentResult) -> str:
+    reasons = sorted({result.pages[n - 1].finish_reason for n in result.unfinished_pages})
+    numbers = ", ".join(str(n) for n in result.unfinished_pages)
+    return f"page {numbers} did not finish (finish reason: {', '.join(reasons)})"

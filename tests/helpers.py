@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pymupdf
@@ -17,3 +18,9 @@ def make_pdf(path: Path, pages: int, label: str = "Page") -> Path:
     doc.save(path)
     doc.close()
     return path
+
+
+def repeated_ngrams(tokens: tuple[int, ...] | list[int], n: int) -> int:
+    """How many n-grams of `tokens` repeat an earlier one."""
+    counts = Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+    return sum(count - 1 for count in counts.values() if count > 1)

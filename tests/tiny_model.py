@@ -107,6 +107,24 @@ def build_model(folder: Path) -> Path:
     return folder
 
 
+def vllm_engine_section(
+    model: Path, max_tokens: int = 24, **overrides: object
+) -> dict[str, object]:
+    """The `engine:` config section that runs this model on a 2-core CPU in a few GB."""
+    vllm: dict[str, object] = {
+        "model": str(model),
+        "load_format": "dummy",
+        "dtype": "bfloat16",
+        "enforce_eager": True,  # compiling the graphs takes over 20 GB on a CPU
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 2048,
+        "max_model_len": 2048,
+        "kv_cache_memory_bytes": 1 << 30,
+        **overrides,
+    }
+    return {"kind": "vllm", "vllm": vllm, "sampling": {"max_tokens": max_tokens}}
+
+
 if __name__ == "__main__":
     import sys
 

@@ -27,7 +27,7 @@ def cuda_available() -> bool:
 
 def choose_engine(config: EngineConfig) -> EngineChoice:
     """Resolve `auto`: vLLM where a CUDA GPU and vLLM are present, otherwise RapidOCR."""
-    if config.kind != "auto":
+    if config.kind != "auto":  # openai is never guessed: it needs a server's address
         return EngineChoice(config.kind, "set in the configuration")
     if importlib.util.find_spec("vllm") is None:
         return EngineChoice("rapidocr", "vLLM is not installed (pip install 'ocrd[vllm]')")
@@ -40,7 +40,11 @@ def create_engine(config: EngineConfig, kind: str) -> Engine:
     if kind == "vllm":
         from ocrd.engines.vllm import VllmEngine
 
-        return VllmEngine(config.vllm)
+        return VllmEngine(config.vllm, config.sampling)
+    if kind == "openai":
+        from ocrd.engines.openai import OpenAiEngine
+
+        return OpenAiEngine(config.openai, config.sampling)
     if kind == "rapidocr":
         from ocrd.engines.rapidocr import RapidOcrEngine
 

@@ -28,6 +28,10 @@ class PageText:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    token_ids: tuple[int, ...] = ()
+    # When the engine itself first scheduled the page and produced its last token
+    # (monotonic clock, comparable across processes on one machine); None if unknown.
+    engine_interval: tuple[float, float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -43,6 +47,10 @@ class Engine(Protocol):
         ...
 
     async def start(self) -> None: ...
+
+    async def check_health(self) -> None:
+        """Raise EngineDeadError if the engine is gone."""
+        ...
 
     async def recognise(self, page: PageImage, mode: PromptMode) -> PageText: ...
 

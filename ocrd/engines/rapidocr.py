@@ -190,5 +190,8 @@ class RapidOcrEngine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._recognise_sync, page)
 
+    async def check_health(self) -> None:
+        return None
+
     async def stop(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

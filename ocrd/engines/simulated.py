@@ -50,5 +50,8 @@ class SimulatedEngine:
             seconds=time.monotonic() - started,
         )
 
+    async def check_health(self) -> None:
+        return None
+
     async def stop(self) -> None:
         return None

@@ -14,51 +14,38 @@ import itertools
 import time
 from typing import Any
 
-from ocrd.config import PromptMode, VllmConfig
+from PIL import Image
+
+from ocrd.config import PromptMode, SamplingConfig, VllmConfig
 from ocrd.engines.base import EngineDeadError, EngineError, PageText
+from ocrd.engines.deepseek import END_OF_SENTENCE, PROMPTS, ngram_args
 from ocrd.render import PageImage
-
-PROMPTS = {
-    PromptMode.layout: "<image>\n<|grounding|>Convert the document to markdown.",
-    PromptMode.text: "<image>\nFree OCR.",
-}
-END_OF_SENTENCE = "<｜end▁of▁sentence｜>"
-
-
-def sampling_extra_args(config: VllmConfig) -> dict[str, Any] | None:
-    """The n-gram repetition guard's per-request switch (None leaves it off)."""
-    if config.ngram_size <= 0:
-        return None
-    return {
-        "ngram_size": config.ngram_size,
-        "window_size": config.ngram_window,
-        "whitelist_token_ids": set(config.ngram_whitelist_token_ids),
-    }
 
 
 class VllmEngine:
     name = "vllm"
 
-    def __init__(self, config: VllmConfig) -> None:
+    def __init__(self, config: VllmConfig, sampling: SamplingConfig) -> None:
         self.config = config
+        self.sampling = sampling
         self._engine: Any = None
         self._params: Any = None
         self._ids = itertools.count(1)
-        self._dead_error: type[BaseException] = RuntimeError
+        self._dead_errors: tuple[type[BaseException], ...] = ()
 
     @property
     def max_concurrency(self) -> int:
         return self.config.max_num_seqs
 
-    def _engine_args(self) -> Any:
-        from vllm import AsyncEngineArgs
+    def engine_kwargs(self) -> dict[str, Any]:
+        """vLLM engine arguments, the same for the async engine and the offline `LLM`."""
         from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
 
         config = self.config
-        extra: dict[str, Any] = {}
+        optional: dict[str, Any] = {}
         if config.kv_cache_memory_bytes is not None:
-            extra["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
-        return AsyncEngineArgs(
+            optional["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+        return dict(
             model=config.model,
             tokenizer=config.tokenizer,
             dtype=config.dtype,
@@ -73,43 +60,60 @@ class VllmEngine:
             mm_processor_cache_gb=0,
             logits_processors=[NGramPerReqLogitsProcessor],
             limit_mm_per_prompt={"image": 1},
-            disable_log_stats=True,
-            **extra,
+            disable_log_stats=False,  # keeps the per-request engine timestamps
+            **optional,
+        )
+
+    def sampling_params(self, ngram_size: int | None = None) -> Any:
+        """The recipe's sampling settings; `ngram_size=0` switches the n-gram guard off."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=self.sampling.max_tokens,
+            skip_special_tokens=False,
+            extra_args=ngram_args(self.sampling, ngram_size),
         )
 
     async def start(self) -> None:
-        from vllm import SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
-        self._dead_error = VllmEngineDeadError
-        self._params = SamplingParams(
-            temperature=0.0,
-            max_tokens=self.config.max_tokens,
-            skip_special_tokens=False,
-            extra_args=sampling_extra_args(self.config),
-        )
-        self._engine = AsyncLLM.from_engine_args(self._engine_args())
+        self._dead_errors = (VllmEngineDeadError,)
+        self._params = self.sampling_params()
+        from vllm import AsyncEngineArgs
+
+        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
+
+    async def check_health(self) -> None:
+        try:
+            await self._engine.check_health()
+        except self._dead_errors as error:
+            raise EngineDeadError(f"the vLLM engine died: {error}") from error
 
     async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
+        return await self.generate(page.image, PROMPTS[mode], self._params, page.number)
+
+    async def generate(
+        self, image: Image.Image, prompt: str, params: Any, page: int | None = None
+    ) -> PageText:
         request_id = f"page-{next(self._ids)}"
-        request = {"prompt": PROMPTS[mode], "multi_modal_data": {"image": page.image}}
+        request = {"prompt": prompt, "multi_modal_data": {"image": image}}
         started = time.monotonic()
         final = None
         try:
             async with asyncio.timeout(self.config.request_timeout_seconds):
-                async for output in self._engine.generate(request, self._params, request_id):
+                async for output in self._engine.generate(request, params, request_id):
                     final = output
         except TimeoutError:
             await self._engine.abort([request_id])
             raise EngineError(
-                f"page {page.number} took longer than "
-                f"{self.config.request_timeout_seconds:g} s in the engine"
+                f"the engine took longer than {self.config.request_timeout_seconds:g} s", page
             ) from None
-        except self._dead_error as error:
+        except self._dead_errors as error:
             raise EngineDeadError(f"the vLLM engine died: {error}") from error
         if final is None or not final.outputs:
-            raise EngineError(f"the engine returned nothing for page {page.number}")
+            raise EngineError("the engine returned no output", page)
         completion = final.outputs[0]
         return PageText(
             text=completion.text.replace(END_OF_SENTENCE, ""),
@@ -117,9 +121,18 @@ class VllmEngine:
             prompt_tokens=len(final.prompt_token_ids or ()),
             completion_tokens=len(completion.token_ids),
             seconds=time.monotonic() - started,
+            token_ids=tuple(completion.token_ids),
+            engine_interval=_engine_interval(final),
         )
 
     async def stop(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+def _engine_interval(output: Any) -> tuple[float, float] | None:
+    stats = getattr(output, "metrics", None)
+    scheduled = getattr(stats, "scheduled_ts", 0.0)
+    last = getattr(stats, "last_token_ts", 0.0)
+    return (scheduled, last) if scheduled and last else None
