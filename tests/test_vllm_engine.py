@@ -65,7 +65,9 @@ def render_a4_page(folder: Path, settings: RenderSettings) -> Image.Image:
 
     path = folder / "a4.pdf"
     doc = pymupdf.open()
-    doc.new_page(width=210 / 25.4 * 72, height=297 / 25.4 * 72)  # A4.insert_text((72, 100), "An A4 page", fontsize=24)
+    doc.new_page(
+        width=210 / 25.4 * 72, height=297 / 25.4 * 72
+    )  # A4.insert_text((72, 100), "An A4 page", fontsize=24)
     doc.save(path)
 
     async def render() -> Image.Image:

@@ -3,9 +3,10 @@
 Each page is sent as a PNG data URL in a chat completion with the same sampling settings as
 the in-process engine; the n-gram guard's settings travel in `vllm_xargs`. With several base
 URLs each request goes to the server with the fewest requests of ours in flight. Connection
-errors, timeouts, 429 and 5xx answers are retried with exponential backoff (on another
-server where there is one); when every retry failed the fleet counts as gone, the daemon
-exits non-zero, and systemd restarts it with the claimed files still in the work area.
+errors, timeouts, 429 and 5xx answers are retried with exponential backoff on another
+server where there is one, and the failing server rests for a few seconds. When every
+retry failed the fleet counts as gone: the daemon exits non-zero, and systemd restarts it
+with the claimed files still in the work area.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ocrd.engines.deepseek import END_OF_SENTENCE, PROMPTS, ngram_args
 from ocrd.render import PageImage
 
 MAX_BACKOFF_SECONDS = 30.0
+SERVER_REST_SECONDS = 10.0  # a server that just failed gets no new requests for this long
 
 
 class _Retryable(Exception):
@@ -47,6 +49,7 @@ class OpenAiEngine:
         self._client: httpx.AsyncClient | None = None
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self._in_flight = dict.fromkeys(config.base_urls, 0)
+        self._resting_until = dict.fromkeys(config.base_urls, 0.0)  # after a failure
         self._next = 0
 
     @property
@@ -89,12 +92,15 @@ class OpenAiEngine:
             body["vllm_xargs"] = xargs
         return body
 
-    def _pick_server(self) -> str:
-        """The least busy server; ties go round-robin."""
+    def _pick_server(self, avoid: str | None) -> str:
+        """The least busy server that has not just failed (and not `avoid`); ties rotate."""
         urls = self.config.base_urls
         self._next = (self._next + 1) % len(urls)
         rotated = urls[self._next :] + urls[: self._next]
-        return min(rotated, key=lambda url: self._in_flight[url])
+        now = time.monotonic()
+        usable = [u for u in rotated if u != avoid and self._resting_until[u] <= now]
+        others = [u for u in rotated if u != avoid]
+        return min(usable or others or rotated, key=lambda url: self._in_flight[url])
 
     async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
         image_url = await asyncio.to_thread(png_data_url, page.image)
@@ -105,15 +111,17 @@ class OpenAiEngine:
     async def _post_with_retries(self, body: dict[str, Any], page: int) -> PageText:
         delay = self.config.retry_backoff_seconds
         problem = ""
+        url = None
         for attempt in range(self.config.retries + 1):
             if attempt:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_BACKOFF_SECONDS)
-            url = self._pick_server()
+            url = self._pick_server(avoid=url)
             try:
                 return await self._post(url, body, page)
             except _Retryable as error:
                 problem = str(error)
+                self._resting_until[url] = time.monotonic() + SERVER_REST_SECONDS
         raise EngineDeadError(
             f"no inference server answered after {self.config.retries + 1} attempts; "
             f"last: {problem}"
