@@ -67,6 +67,11 @@ class Claim:
         return PurePath(self.state.relative_path)
 
     @property
+    def scratch(self) -> Path:
+        """Files made while converting (figure crops), kept with the claim until written."""
+        return self.folder / ".scratch"
+
+    @property
     def path(self) -> Path:
         """Where the original lies while it is claimed."""
         return self.folder / self.relative_path
@@ -132,8 +137,9 @@ class WorkArea:
         originals = [
             path
             for path in folder.rglob("*")
-            if (path.is_file() or path.is_symlink()) and not path.name.startswith(".")
-        ]
+            if (path.is_file() or path.is_symlink())
+            and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+        ]  # hidden names are ocrd's own: the state file and the figures made so far
         if len(originals) != 1:
             return None  # settled (original moved out) before the folder was removed
         relative = originals[0].relative_to(folder)

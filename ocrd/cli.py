@@ -120,6 +120,45 @@ def convert(
     sys.exit(1 if failed else 0)
 
 
+@main.command()
+@click.argument("document", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.argument("raw", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder for <name>.md and its companions.",
+)
+@config_option
+@with_log_options
+def rerender(
+    document: Path, raw: Path, out: Path, config_path: Path | None, log_format: str, log_level: str
+) -> None:
+    """Write DOCUMENT's Markdown again from RAW (its .raw.jsonl), without any engine.
+
+    The pages are rendered with the settings of the config's first inbox (or the defaults),
+    as the daemon rendered them, so figures are cropped from the same pixels.
+    """
+    from ocrd.pipeline import DocumentFailed, DocumentSettings
+    from ocrd.render import RenderLimits
+    from ocrd.rerender import RawFileError
+    from ocrd.rerender import rerender as rerender_document
+
+    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    settings, pipeline = DocumentSettings(), PipelineConfig()
+    if config_path:
+        config = _load(config_path)
+        settings, pipeline = DocumentSettings.of(config.inboxes[0]), config.pipeline
+    try:
+        files = asyncio.run(
+            rerender_document(document, raw, out, settings, RenderLimits.of(pipeline))
+        )
+    except (RawFileError, DocumentFailed) as error:
+        click.echo(f"ocrd: {error}", err=True)
+        sys.exit(1)
+    click.echo(str(files.markdown))
+
+
 @main.command("check-config")
 @config_option
 def check_config(config_path: Path | None) -> None:

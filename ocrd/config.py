@@ -50,6 +50,12 @@ class InboxConfig(Strict):
     max_image_side: Annotated[int, Field(ge=256, le=10000)] = 2048
     page_separator: str = "\n\n<!-- page {page} -->\n\n"
     unfinished_pages: Literal["done", "failed"] = "done"
+    retry_unfinished: bool = True
+    tables: Literal["markdown", "html"] = "markdown"
+    figures: bool = True
+    layout_file: bool = False
+    keep_raw: bool = False
+    strip_headers_footers: bool = False
 
     def derived(self, base: Path) -> InboxConfig:
         """Absolute paths, with output folders defaulting to siblings of the inbox."""
@@ -115,6 +121,7 @@ class SimulatedConfig(Strict):
     seconds_per_page: Annotated[float, Field(ge=0)] = 0.5
     capacity: Annotated[int, Field(ge=1)] = 16
     tokens_per_page: Annotated[int, Field(ge=1)] = 400
+    unfinished_every: Annotated[int, Field(ge=0)] = 0
 
 
 class EngineConfig(Strict):

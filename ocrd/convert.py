@@ -7,6 +7,7 @@ with the reason it failed.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from pathlib import Path, PurePath
 
 from ocrd.config import EngineConfig, PipelineConfig
@@ -15,7 +16,7 @@ from ocrd.files import free_name
 from ocrd.log import get_logger
 from ocrd.pipeline import DocumentFailed, DocumentSettings, Pipeline
 from ocrd.settle import ERROR_SUFFIX, error_report, write_report
-from ocrd.write import markdown_target, render_markdown, write_markdown
+from ocrd.write import markdown_target, write_document
 
 
 async def convert_files(
@@ -37,23 +38,24 @@ async def convert_files(
 
     async def convert_one(path: Path) -> bool:
         async with documents:
-            try:
-                result = await pipeline.convert(path, settings)
-            except DocumentFailed as failure:
-                report = free_name(out / f"{path.stem}{ERROR_SUFFIX}")
-                write_report(report, error_report(failure, None, choice.kind, path))
-                log.warning(
-                    "document.finished",
-                    path=str(path),
-                    outcome="failed",
-                    stage=failure.stage,
-                    page=failure.page,
-                    reason=failure.message,
-                    error_report=str(report),
-                )
-                return False
-        target = markdown_target(out, PurePath(path.name))
-        write_markdown(target, render_markdown(result, settings))
+            with tempfile.TemporaryDirectory(prefix="ocrd-convert-") as scratch:
+                try:
+                    result = await pipeline.convert(path, settings, Path(scratch))
+                except DocumentFailed as failure:
+                    report = free_name(out / f"{path.stem}{ERROR_SUFFIX}")
+                    write_report(report, error_report(failure, None, choice.kind, path))
+                    log.warning(
+                        "document.finished",
+                        path=str(path),
+                        outcome="failed",
+                        stage=failure.stage,
+                        page=failure.page,
+                        reason=failure.message,
+                        error_report=str(report),
+                    )
+                    return False
+                target = markdown_target(out, PurePath(path.name))
+                write_document(result, settings, target, path.name)
         log.info(
             "document.finished",
             path=str(path),

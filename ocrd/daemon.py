@@ -26,7 +26,6 @@ from ocrd.notify import SystemdNotifier
 from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings, Pipeline
 from ocrd.settle import Settler
 from ocrd.watch import InboxWatcher, SettleTracker
-from ocrd.write import render_markdown
 
 EXIT_OK = 0
 EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
@@ -349,7 +348,7 @@ class Daemon:
         log.info("document.started", attempt=attempt)
         started = time.monotonic()
         try:
-            result = await self.pipeline.convert(claim.path, inbox.settings, log)
+            result = await self.pipeline.convert(claim.path, inbox.settings, claim.scratch, log)
         except asyncio.CancelledError:
             log.warning("document.interrupted", action="left in the work area for the next start")
             raise
@@ -368,12 +367,19 @@ class Daemon:
                 log,
             )
             return
-        self._succeed(inbox, claim, result, log)
+        try:
+            self._succeed(inbox, claim, result, log)
+        except OSError:
+            raise  # a storage fault: the document stays claimed and is tried again
+        except Exception as error:  # a bug in writing costs this document only
+            log.exception("document.internal_error", stage="write")
+            failure = DocumentFailed("write", repr(error), None, type(error).__name__)
+            self._fail(inbox, claim, failure, started, log)
 
     def _succeed(
         self, inbox: Inbox, claim: Claim, result: DocumentResult, log: FilteringBoundLogger
     ) -> None:
-        settlement = inbox.settler.done(claim, render_markdown(result, inbox.settings))
+        settlement = inbox.settler.done(claim, result, inbox.settings)
         pages = len(result.pages)
         log.info(
             "document.finished",
@@ -385,6 +391,7 @@ class Daemon:
             completion_tokens=result.completion_tokens,
             finish_reasons=result.finish_reasons(),
             unfinished_pages=result.unfinished_pages,
+            retried_pages=result.retried_pages,
             markdown=settlement.markdown,
             original=settlement.original,
         )

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ocrd.config import InboxConfig, PipelineConfig, PromptMode
 from ocrd.engines import Engine, EngineDeadError, EngineError, PageText
 from ocrd.log import FilteringBoundLogger, get_logger
+from ocrd.page import PageResult, assemble_page, better
 from ocrd.render import (
     InputFormat,
     PageImage,
@@ -27,22 +28,28 @@ from ocrd.render import (
     detect_format,
 )
 
+_INBOX_DEFAULTS = InboxConfig.model_fields
+
 
 @dataclass(frozen=True)
 class DocumentSettings:
+    """How one document is recognised and written: an inbox's per-document options."""
+
     prompt: PromptMode = PromptMode.layout
     render: RenderSettings = field(default_factory=RenderSettings)
-    page_separator: str = InboxConfig.model_fields["page_separator"].default
+    page_separator: str = _INBOX_DEFAULTS["page_separator"].default
     unfinished_pages: str = "done"  # or "failed": where a document with unfinished pages goes
+    retry_unfinished: bool = True
+    tables: str = "markdown"
+    figures: bool = True
+    layout_file: bool = False
+    keep_raw: bool = False
+    strip_headers_footers: bool = False
 
     @classmethod
     def of(cls, inbox: InboxConfig) -> DocumentSettings:
-        return cls(
-            inbox.prompt,
-            RenderSettings(inbox.dpi, inbox.max_image_side),
-            inbox.page_separator,
-            inbox.unfinished_pages,
-        )
+        copied = {f.name: getattr(inbox, f.name) for f in fields(cls) if f.name != "render"}
+        return cls(**copied, render=RenderSettings(inbox.dpi, inbox.max_image_side))
 
 
 class DocumentFailed(Exception):
@@ -64,21 +71,25 @@ class DocumentFailed(Exception):
 @dataclass
 class DocumentResult:
     format: InputFormat
-    pages: list[PageText]
+    pages: list[PageResult]
     seconds: float
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(page.prompt_tokens for page in self.pages)
+        return sum(page.text.prompt_tokens for page in self.pages)
 
     @property
     def completion_tokens(self) -> int:
-        return sum(page.completion_tokens for page in self.pages)
+        return sum(page.text.completion_tokens for page in self.pages)
 
     @property
     def unfinished_pages(self) -> list[int]:
-        """1-based numbers of pages the engine stopped before their end (token limit, loop)."""
-        return [number for number, page in enumerate(self.pages, start=1) if not page.finished]
+        """Numbers of pages the engine stopped before their end (token limit, loop)."""
+        return [page.number for page in self.pages if page.unfinished]
+
+    @property
+    def retried_pages(self) -> list[int]:
+        return [page.number for page in self.pages if page.retried]
 
     def finish_reasons(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -97,17 +108,20 @@ class Pipeline:
 
     @classmethod
     def create(cls, engine: Engine, config: PipelineConfig) -> Pipeline:
-        limits = RenderLimits(
-            max_page_pixels=config.max_page_pixels,
-            memory_limit_mb=config.render_memory_limit_mb,
-            page_timeout_seconds=config.page_render_timeout_seconds,
-        )
-        return cls(engine, RenderPool(config.render_workers, limits), config.max_pages_in_flight)
+        pool = RenderPool(config.render_workers, RenderLimits.of(config))
+        return cls(engine, pool, config.max_pages_in_flight)
 
     async def convert(
-        self, path: Path, settings: DocumentSettings, log: FilteringBoundLogger | None = None
+        self,
+        path: Path,
+        settings: DocumentSettings,
+        scratch: Path,
+        log: FilteringBoundLogger | None = None,
     ) -> DocumentResult:
-        """Render and recognise every page of `path`; raises DocumentFailed with the reason."""
+        """Render and recognise every page of `path`; raises DocumentFailed with the reason.
+
+        Figure crops are written to `scratch` as pages come back, not kept in memory.
+        """
         log = log or get_logger(path=str(path))
         started = time.monotonic()
         try:
@@ -117,7 +131,7 @@ class Pipeline:
         except OSError as error:
             raise DocumentFailed("detect", f"cannot read the file: {error.strerror}") from None
         try:
-            pages = await self._render_and_recognise(path, fmt, settings, log)
+            pages = await self._render_and_recognise(path, fmt, settings, scratch, log)
         except BaseExceptionGroup as group:
             raise _document_failure(group) from None
         result = DocumentResult(fmt, pages, time.monotonic() - started)
@@ -132,9 +146,15 @@ class Pipeline:
         return result
 
     async def _render_and_recognise(
-        self, path: Path, fmt: InputFormat, settings: DocumentSettings, log: FilteringBoundLogger
-    ) -> list[PageText]:
-        tasks: list[asyncio.Task[PageText]] = []
+        self,
+        path: Path,
+        fmt: InputFormat,
+        settings: DocumentSettings,
+        scratch: Path,
+        log: FilteringBoundLogger,
+    ) -> list[PageResult]:
+        tasks: list[asyncio.Task[PageResult]] = []
+        figures = scratch if settings.figures else None
         async with asyncio.TaskGroup() as group, self.renderers.worker() as renderer:
             count = await renderer.open(path, fmt, settings.render)
             log.info("document.opened", format=str(fmt), pages=count)
@@ -145,17 +165,35 @@ class Pipeline:
                 except BaseException:
                     self._page_slots.release()
                     raise
-                tasks.append(group.create_task(self._recognise(page, settings.prompt, log)))
+                task = self._recognise(page, settings, figures, log)
+                tasks.append(group.create_task(task))
         return [task.result() for task in tasks]
 
     async def _recognise(
-        self, page: PageImage, prompt: PromptMode, log: FilteringBoundLogger
-    ) -> PageText:
+        self,
+        page: PageImage,
+        settings: DocumentSettings,
+        figures: Path | None,
+        log: FilteringBoundLogger,
+    ) -> PageResult:
+        """One page through the engine; an unfinished layout page gets one plain-text retry."""
         self.pages_in_flight += 1
         try:
-            result = await self.engine.recognise(page, prompt)
-        except EngineError as error:
-            raise EngineError(str(error), page=page.number) from error
+            prompt = settings.prompt
+            text = await self._engine_text(page, prompt)
+            result = assemble_page(page, text, prompt, figures)
+            if result.unfinished and settings.retry_unfinished and prompt is PromptMode.layout:
+                log.info(
+                    "page.retrying",
+                    page=page.number,
+                    finish_reason=result.finish_reason,
+                    prompt=PromptMode.text.value,
+                )
+                retry = await self._engine_text(page, PromptMode.text)
+                if better(text, retry) is retry:
+                    result = assemble_page(page, retry, PromptMode.text, figures, retried=True)
+                else:
+                    result.retried = True
         finally:
             self.pages_in_flight -= 1
             self._page_slots.release()
@@ -164,14 +202,22 @@ class Pipeline:
             page=page.number,
             size=f"{page.image.width}x{page.image.height}",
             finish_reason=result.finish_reason,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            seconds=round(result.seconds, 3),
-            engine_interval=result.engine_interval,
+            prompt=result.prompt.value,
+            retried=result.retried,
+            prompt_tokens=result.text.prompt_tokens,
+            completion_tokens=result.text.completion_tokens,
+            seconds=round(result.text.seconds, 3),
+            engine_interval=result.text.engine_interval,
         )
         for callback in self.on_page_done:
-            callback(result)
+            callback(result.text)
         return result
+
+    async def _engine_text(self, page: PageImage, prompt: PromptMode) -> PageText:
+        try:
+            return await self.engine.recognise(page, prompt)
+        except EngineError as error:
+            raise EngineError(str(error), page=page.number) from error
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

@@ -22,6 +22,8 @@ from typing import Any
 
 from PIL import Image
 
+from ocrd.config import PipelineConfig
+
 WORKER_START_SECONDS = 60.0
 
 
@@ -47,6 +49,14 @@ class RenderLimits:
     max_page_pixels: int = 50_000_000
     memory_limit_mb: int = 4096
     page_timeout_seconds: float = 120.0
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> RenderLimits:
+        return cls(
+            config.max_page_pixels,
+            config.render_memory_limit_mb,
+            config.page_render_timeout_seconds,
+        )
 
 
 @dataclass(frozen=True)
@@ -145,13 +155,13 @@ class _RasterSource:
                 f"{self.limits.max_page_pixels} pixels",
                 page=number,
             )
-        dpi = self.image.info.get("dpi", (72, 72))[0] or 72
+        dpi = float(self.image.info.get("dpi", (72, 72))[0] or 72)  # may be a fraction
         frame = self.image.convert("RGB")
         scale = min(1.0, self.settings.max_image_side / max(width, height))
         if scale < 1.0:
             size = (max(1, round(width * scale)), max(1, round(height * scale)))
             frame = frame.resize(size, Image.Resampling.LANCZOS)
-        return frame.width, frame.height, frame.tobytes(), width * 72 / dpi, height * 72 / dpi
+        return frame.width, frame.height, frame.tobytes(), width * 72.0 / dpi, height * 72.0 / dpi
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, limits: RenderLimits) -> None:

@@ -17,8 +17,8 @@ from ocrd import __version__
 from ocrd.claim import Claim, Settlement, now_iso
 from ocrd.config import InboxConfig
 from ocrd.files import free_name, move_new, write_new_file
-from ocrd.pipeline import DocumentFailed
-from ocrd.write import markdown_target, write_markdown
+from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings
+from ocrd.write import markdown_target, write_document
 
 ERROR_SUFFIX = ".error.json"
 
@@ -67,7 +67,7 @@ class Settler:
         self.inbox = inbox
         self.engine = engine
 
-    def done(self, claim: Claim, markdown: str) -> Settlement:
+    def done(self, claim: Claim, result: DocumentResult, settings: DocumentSettings) -> Settlement:
         relative = claim.relative_path
         settlement = Settlement(
             outcome="done",
@@ -75,7 +75,7 @@ class Settler:
             markdown=str(markdown_target(self.inbox.outbox, relative)),
         )
         claim.plan(settlement)
-        write_markdown(Path(settlement.markdown), markdown)
+        write_document(result, settings, Path(settlement.markdown), relative.name)
         self._finish(claim, settlement)
         return settlement
 

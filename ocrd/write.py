@@ -1,34 +1,179 @@
-"""Writing: the Markdown of a converted document, placed atomically under a free name."""
+"""Writing: a converted document's files in the outbox, the Markdown last.
+
+Beside `<name>.md` go `<name>.assets/` (figures cropped from the pages), and where the inbox
+asks for them `<name>.layout.json` (every block with its boxes) and `<name>.raw.jsonl` (the
+engine's raw text, for `ocrd rerender`). The companions are in place before the Markdown,
+so a reader who sees the Markdown finds everything it links to.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path, PurePath
+from typing import Any
+from urllib.parse import quote
 
-from ocrd.files import free_name, write_new_file
-from ocrd.markdown import join_pages
+from ocrd import __version__
+from ocrd.files import free_name, fsync_dir, replace_file, write_new_file
+from ocrd.grounding import Block
+from ocrd.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
+from ocrd.page import PageResult, figure_box_px
 from ocrd.pipeline import DocumentResult, DocumentSettings
 
+COMPANIONS = (".assets", ".layout.json", ".raw.jsonl")
 UNFINISHED_MARKER = (
-    "\n\n> **ocrd:** page {page} is incomplete: the engine stopped it before its end "
+    "> **ocrd:** page {page} is incomplete: the engine stopped it before its end "
     "(finish reason: {reason})."
 )
 
 
-def render_markdown(result: DocumentResult, settings: DocumentSettings) -> str:
-    """Pages in order; an unfinished page keeps its text, followed by a visible marker."""
-    texts = [
-        page.text
-        if page.finished
-        else page.text + UNFINISHED_MARKER.format(page=number, reason=page.finish_reason)
-        for number, page in enumerate(result.pages, start=1)
-    ]
-    return join_pages(texts, settings.page_separator)
+@dataclass(frozen=True)
+class OutputFiles:
+    markdown: Path
+
+    def _beside(self, suffix: str) -> Path:
+        return self.markdown.with_name(self.markdown.stem + suffix)
+
+    @property
+    def assets(self) -> Path:
+        return self._beside(".assets")
+
+    @property
+    def layout(self) -> Path:
+        return self._beside(".layout.json")
+
+    @property
+    def raw(self) -> Path:
+        return self._beside(".raw.jsonl")
 
 
 def markdown_target(outbox: Path, relative: PurePath) -> Path:
-    """`<outbox>/<relative folder>/<stem>.md`, or `<stem>-2.md`, ... when that name is taken."""
-    return free_name(outbox / relative.parent / f"{relative.stem}.md")
+    """`<outbox>/<folder>/<stem>.md`, or `<stem>-2.md`, ... where it or a companion exists."""
+    return free_name(outbox / relative.parent / f"{relative.stem}.md", *COMPANIONS)
 
 
-def write_markdown(target: Path, markdown: str) -> None:
-    write_new_file(target, markdown.encode("utf-8"))
+def figure_links(page: PageResult, assets: str) -> dict[int, str]:
+    return {index: f"{quote(assets)}/{quote(path.name)}" for index, path in page.figures.items()}
+
+
+def render_markdown(result: DocumentResult, settings: DocumentSettings, assets: str) -> str:
+    """Pages in order; an unfinished page keeps its text, followed by a visible marker."""
+    pages = [
+        page_markdown(page.blocks, settings.tables, figure_links(page, assets))
+        for page in result.pages
+    ]
+    if settings.strip_headers_footers:
+        pages = strip_running_lines(pages)
+    for index, page in enumerate(result.pages):
+        if page.unfinished:
+            marker = UNFINISHED_MARKER.format(page=page.number, reason=page.finish_reason)
+            pages[index] = f"{pages[index]}\n\n{marker}".strip()
+    return join_pages(pages, settings.page_separator)
+
+
+def _block_layout(block: Block, page: PageResult, figure: str | None) -> dict[str, Any]:
+    width_pt, height_pt = page.page_size_pt
+    entry: dict[str, Any] = {
+        "label": block.label,
+        "text": scrub_tags(block.content).strip(),
+        "boxes_px": [list(figure_box_px(box, page.image_size)) for box in block.boxes],
+        "boxes_pt": [[round(v, 2) for v in box.scaled(width_pt, height_pt)] for box in block.boxes],
+    }
+    if figure:
+        entry["figure"] = figure
+    return entry
+
+
+def layout_document(result: DocumentResult, source: str, assets: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "ocrd_version": __version__,
+        "unfinished_pages": result.unfinished_pages,
+        "pages": [
+            {
+                "page": page.number,
+                "width_pt": round(page.page_size_pt[0], 2),
+                "height_pt": round(page.page_size_pt[1], 2),
+                "image_width": page.image_size[0],
+                "image_height": page.image_size[1],
+                "prompt": page.prompt.value,
+                "finish_reason": page.finish_reason,
+                "unfinished": page.unfinished,
+                "retried": page.retried,
+                "prompt_tokens": page.text.prompt_tokens,
+                "completion_tokens": page.text.completion_tokens,
+                "blocks": [
+                    _block_layout(block, page, figure_links(page, assets).get(index))
+                    for index, block in enumerate(page.layout_blocks)
+                ],
+            }
+            for page in result.pages
+        ],
+    }
+
+
+def raw_lines(result: DocumentResult) -> str:
+    """One JSON object a page: what `ocrd rerender` needs to write the same output again."""
+    lines = []
+    for page in result.pages:
+        entry: dict[str, Any] = {
+            "page": page.number,
+            "text": page.text.text,
+            "finish_reason": page.text.finish_reason,
+            "prompt": page.prompt.value,
+            "retried": page.retried,
+            "prompt_tokens": page.text.prompt_tokens,
+            "completion_tokens": page.text.completion_tokens,
+        }
+        if page.text.blocks is not None:
+            entry["blocks"] = [
+                {
+                    "label": b.label,
+                    "boxes": [[x.x1, x.y1, x.x2, x.y2] for x in b.boxes],
+                    "content": b.content,
+                }
+                for b in page.text.blocks
+            ]
+        lines.append(json.dumps(entry, ensure_ascii=False))
+    return "\n".join(lines) + "\n"
+
+
+def _place_figures(result: DocumentResult, assets: Path) -> None:
+    """Copy the figure crops into `assets`, which appears whole (renamed into place)."""
+    figures = [path for page in result.pages for path in page.figures.values()]
+    if assets.exists():
+        shutil.rmtree(assets)  # left by an attempt that died before its Markdown
+    if not figures:
+        return
+    staging = assets.with_name(f".{assets.name}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for path in figures:
+        shutil.copyfile(path, staging / path.name)
+        with (staging / path.name).open("rb") as handle:
+            os.fsync(handle.fileno())
+    fsync_dir(staging)
+    os.rename(staging, assets)
+    fsync_dir(assets.parent)
+
+
+def write_document(
+    result: DocumentResult, settings: DocumentSettings, markdown: Path, source: str
+) -> OutputFiles:
+    """Write the companions, then the Markdown (which must not exist yet)."""
+    files = OutputFiles(markdown)
+    markdown.parent.mkdir(parents=True, exist_ok=True)
+    _place_figures(result, files.assets)
+    if settings.layout_file:
+        layout = layout_document(result, source, files.assets.name)
+        replace_file(
+            files.layout, (json.dumps(layout, indent=1, ensure_ascii=False) + "\n").encode()
+        )
+    if settings.keep_raw:
+        replace_file(files.raw, raw_lines(result).encode())
+    text = render_markdown(result, settings, files.assets.name)
+    write_new_file(markdown, text.encode("utf-8"))
+    return files

@@ -75,6 +75,11 @@ def files_under(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
+def markdown_under(folder: Path) -> list[str]:
+    """The Markdown files under `folder` (figures and other companions left out)."""
+    return [name for name in files_under(folder) if name.endswith(".md")]
+
+
 def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import files_under, wait_until, write_config
+from conftest import files_under, markdown_under, wait_until, write_config
 from helpers import make_pdf
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,9 @@ def write_slowly(source: Path, target: Path, chunks: int = 10, pause: float = 0.
 def test_rapidocr_end_to_end_with_a_slow_writer_and_a_corrupt_file(
     tmp_path: Path, corpus: Path, start_daemon
 ) -> None:
-    config = write_config(tmp_path, {"settle_seconds": 1.0}, engine={"kind": "rapidocr"})
+    config = write_config(
+        tmp_path, {"settle_seconds": 1.0, "layout_file": True}, engine={"kind": "rapidocr"}
+    )
     data = tmp_path / "data"
     inbox = data / "inbox"
     daemon = start_daemon(config)
@@ -50,7 +52,15 @@ def test_rapidocr_end_to_end_with_a_slow_writer_and_a_corrupt_file(
     outcomes = {e["path"]: e["outcome"] for e in finished}
     assert outcomes == {"broken.pdf": "failed", "sub/linn.pdf": "done", "phototest.tif": "done"}
 
-    assert files_under(data / "outbox") == ["phototest.md", "sub/linn.md"]
+    assert markdown_under(data / "outbox") == ["phototest.md", "sub/linn.md"]
+    layout = json.loads((data / "outbox" / "phototest.layout.json").read_text())
+    [page] = layout["pages"]
+    assert (page["image_width"], page["image_height"], page["finish_reason"]) == (640, 480, "stop")
+    lines = page["blocks"]
+    assert lines[0]["label"] == "text"
+    assert lines[0]["text"] == "This is a lot of 12 point text to test the"
+    x1, y1, x2, y2 = lines[0]["boxes_px"][0]
+    assert 20 < x1 < x2 < 640 and 70 < y1 < y2 < 140
     assert files_under(data / "done") == ["phototest.tif", "sub/linn.pdf"]
     assert files_under(data / "failed") == ["broken.error.json", "broken.pdf"]
     assert files_under(inbox) == [] and files_under(data / "work") == []
@@ -91,7 +101,9 @@ def test_same_names_never_overwrite_each_other(tmp_path: Path, start_daemon) -> 
     assert daemon.stop() == 0
 
     outbox = tmp_path / "data" / "outbox"
-    assert files_under(outbox) == ["a/scan-2.md", "a/scan.md", "b/scan.md"]
+    assert markdown_under(outbox) == ["a/scan-2.md", "a/scan.md", "b/scan.md"]
+    assert (outbox / "a" / "scan-2.assets" / "page2-figure1.png").is_file()  # its own figures
+    assert "](scan-2.assets/page1-figure1.png)" in (outbox / "a" / "scan-2.md").read_text()
     assert files_under(tmp_path / "data" / "done") == ["a/scan-2.pdf", "a/scan.pdf", "b/scan.pdf"]
     assert "<!-- page 2 -->" in (outbox / "a" / "scan-2.md").read_text()
     assert "<!-- page 2 -->" not in (outbox / "a" / "scan.md").read_text()
@@ -117,7 +129,7 @@ def test_sigterm_leaves_unfinished_documents_claimed_and_a_restart_finishes_them
     again.wait_for("document.finished")
     assert again.find("document.recovered", path="long.pdf")
     assert again.stop() == 0
-    assert files_under(data / "outbox") == ["long.md"]
+    assert markdown_under(data / "outbox") == ["long.md"]
     assert files_under(data / "done") == ["long.pdf"]
     assert files_under(data / "work") == []
 
@@ -202,7 +214,11 @@ def test_convert_command(tmp_path: Path, corpus: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 1, result.stderr
-    assert files_under(out) == ["notes.error.json", "ocrmypdf__linn.md"]
+    assert files_under(out) == [
+        "notes.error.json",
+        "ocrmypdf__linn.assets/page1-figure1.png",
+        "ocrmypdf__linn.md",
+    ]
     assert "Simulated page 1" in (out / "ocrmypdf__linn.md").read_text()
     assert json.loads((out / "notes.error.json").read_text())["stage"] == "detect"
     assert original.read_bytes() == before and bad.exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import files_under, wait_until
+from conftest import files_under, markdown_under, wait_until
 from helpers import make_pdf, repeated_ngrams
 from PIL import Image
 
@@ -151,5 +151,5 @@ def test_ocrd_run_feeds_a_fleet_and_skips_a_dead_server(
     assert summary["finish_reasons"] == {"length": 3}
     assert summary["completion_tokens"] == 3 * 16
     assert summary["prompt_tokens"] >= 3 * 257
-    assert files_under(tmp_path / "data" / "outbox") == ["remote.md"]
+    assert markdown_under(tmp_path / "data" / "outbox") == ["remote.md"]
     assert files_under(tmp_path / "data" / "done") == ["remote.pdf"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from pathlib import Path
 
 from helpers import make_pdf
@@ -39,6 +40,8 @@ class RecordingEngine(SimulatedEngine):
 
 
 def run_pipeline(engine, paths, max_pages_in_flight=64, render_workers=2):
+    scratch = Path(tempfile.mkdtemp(prefix="ocrd-test-"))
+
     async def run():
         pipeline = Pipeline.create(
             engine,
@@ -46,7 +49,8 @@ def run_pipeline(engine, paths, max_pages_in_flight=64, render_workers=2):
         )
         try:
             results = await asyncio.gather(
-                *(pipeline.convert(p, DocumentSettings()) for p in paths), return_exceptions=True
+                *(pipeline.convert(p, DocumentSettings(), scratch / p.stem) for p in paths),
+                return_exceptions=True,
             )
         finally:
             pipeline.renderers.shutdown()
@@ -58,7 +62,7 @@ def run_pipeline(engine, paths, max_pages_in_flight=64, render_workers=2):
 def test_pages_come_back_in_order_although_they_finish_out_of_order(tmp_path: Path) -> None:
     pdf = make_pdf(tmp_path / "doc.pdf", 12)
     [result] = run_pipeline(RecordingEngine(), [pdf])
-    numbers = [int(page.text.split("Simulated page ")[1].split()[0]) for page in result.pages]
+    numbers = [int(page.text.text.split("Simulated page ")[1].split()[0]) for page in result.pages]
     assert numbers == list(range(1, 13))
     assert result.finish_reasons() == {"stop": 12}
 

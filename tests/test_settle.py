@@ -9,8 +9,12 @@ from pathlib import Path
 from conftest import files_under
 
 from ocrd.claim import WorkArea
-from ocrd.config import InboxConfig
-from ocrd.pipeline import DocumentFailed
+from ocrd.config import InboxConfig, PromptMode
+from ocrd.engines.base import PageText
+from ocrd.grounding import Block
+from ocrd.page import PageResult
+from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings
+from ocrd.render import InputFormat
 from ocrd.settle import Settler
 
 
@@ -19,6 +23,14 @@ def setup(tmp_path: Path) -> tuple[InboxConfig, WorkArea, Settler]:
     for folder in (inbox.path, inbox.outbox, inbox.done, inbox.failed, inbox.work):
         folder.mkdir(parents=True)
     return inbox, WorkArea(inbox.path, inbox.work), Settler(inbox, "simulated")
+
+
+def result(text: str) -> DocumentResult:
+    """A converted one-page document whose page says `text`."""
+    page = PageResult(
+        1, PageText(text, "stop"), PromptMode.text, (100, 100), (72, 72), [Block("text", (), text)]
+    )
+    return DocumentResult(InputFormat.pdf, [page], 0.1)
 
 
 def test_a_file_can_be_claimed_once(tmp_path: Path) -> None:
@@ -39,7 +51,7 @@ def test_done_writes_markdown_then_moves_the_original(tmp_path: Path) -> None:
     inbox, work, settler = setup(tmp_path)
     (inbox.path / "a.pdf").write_bytes(b"pdf")
     claim = work.claim(inbox.path / "a.pdf")
-    settler.done(claim, "# A\n")
+    settler.done(claim, result("# A"), DocumentSettings())
     assert (inbox.outbox / "a.md").read_text() == "# A\n"
     assert files_under(inbox.done) == ["a.pdf"]
     assert files_under(inbox.work) == [] and not any(inbox.work.iterdir())
@@ -59,7 +71,7 @@ def test_restart_after_markdown_was_written_settles_without_a_second_copy(tmp_pa
     inbox, work, settler = setup(tmp_path)
     (inbox.path / "a.pdf").write_bytes(b"pdf")
     claim = work.claim(inbox.path / "a.pdf")
-    settler.done(claim, "# A\n")
+    settler.done(claim, result("# A"), DocumentSettings())
     # Put the state back to "Markdown written, original not yet moved", as a kill would leave it.
     os.rename(inbox.done / "a.pdf", claim.path.parent.mkdir(parents=True) or claim.path)
     claim.save()
@@ -76,7 +88,7 @@ def test_restart_after_the_original_was_linked_but_not_unlinked(tmp_path: Path) 
     inbox, work, settler = setup(tmp_path)
     (inbox.path / "a.pdf").write_bytes(b"pdf")
     claim = work.claim(inbox.path / "a.pdf")
-    settler.done(claim, "# A\n")
+    settler.done(claim, result("# A"), DocumentSettings())
     claim.path.parent.mkdir(parents=True, exist_ok=True)
     os.link(inbox.done / "a.pdf", claim.path)  # both names exist, as after a kill mid-move
     claim.save()
@@ -91,7 +103,7 @@ def test_restart_before_markdown_was_in_place_converts_again(tmp_path: Path) -> 
     inbox, work, settler = setup(tmp_path)
     (inbox.path / "a.pdf").write_bytes(b"pdf")
     claim = work.claim(inbox.path / "a.pdf")
-    settler.done(claim, "# A\n")
+    settler.done(claim, result("# A"), DocumentSettings())
     (inbox.outbox / "a.md").unlink()
     claim.path.parent.mkdir(parents=True, exist_ok=True)
     os.rename(inbox.done / "a.pdf", claim.path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import files_under, wait_until
+from conftest import files_under, markdown_under, wait_until
 from helpers import make_pdf
 from tiny_model import vllm_engine_section
 
@@ -57,7 +57,7 @@ def test_documents_end_to_end_with_pages_batched_together(
     outcomes = {e["path"]: e["outcome"] for e in finished}
     assert outcomes == {"three.pdf": "done", "two.pdf": "done", "one.pdf": "failed"}
     keep = tmp_path / "keep"
-    assert files_under(keep / "outbox") == ["three.md", "two.md"]
+    assert markdown_under(keep / "outbox") == ["three.md", "two.md"]
     assert files_under(keep / "done") == ["three.pdf", "two.pdf"]
     three = daemon.find("document.finished", path="three.pdf")[0]
     assert three["pages"] == 3
@@ -123,6 +123,6 @@ def test_sigterm_and_engine_death_lose_nothing(
     third = start_daemon(config)
     third.wait_for("document.finished", timeout=600, path="long.pdf")
     assert third.stop() == 0
-    assert files_under(data / "outbox") == ["long.md"]
+    assert markdown_under(data / "outbox") == ["long.md"]
     assert files_under(data / "done") == ["long.pdf"]
     assert files_under(data / "work") == []

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ocrd.config import PromptMode
+from ocrd.grounding import Block
 from ocrd.render import PageImage
 
 
@@ -32,6 +33,8 @@ class PageText:
     # When the engine itself first scheduled the page and produced its last token
     # (monotonic clock, comparable across processes on one machine); None if unknown.
     engine_interval: tuple[float, float] | None = None
+    # Blocks the engine found itself (RapidOCR's lines); None: parse them from `text`.
+    blocks: tuple[Block, ...] | None = None
 
     @property
     def finished(self) -> bool:

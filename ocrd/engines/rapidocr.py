@@ -20,6 +20,7 @@ import numpy as np
 
 from ocrd.config import PromptMode, RapidOcrConfig
 from ocrd.engines.base import EngineError, PageText
+from ocrd.grounding import Block, Box
 from ocrd.render import PageImage
 
 
@@ -180,11 +181,18 @@ class RapidOcrEngine:
             output = self._ocr(np.asarray(page.image)[:, :, ::-1])  # RapidOCR wants BGR
         except Exception as error:
             raise EngineError(f"RapidOCR failed on page {page.number}: {error}") from error
-        if output.boxes is None or output.txts is None:
-            text = ""
-        else:
-            text = lines_to_markdown(_to_lines(output.boxes, output.txts))
-        return PageText(text=text, finish_reason="stop", seconds=time.monotonic() - started)
+        lines = [] if output.boxes is None else _to_lines(output.boxes, output.txts or ())
+        width, height = page.image.size
+        blocks = tuple(
+            Block("text", (Box.from_pixels(ln.x0, ln.y0, ln.x1, ln.y1, width, height),), ln.text)
+            for ln in lines
+        )
+        return PageText(
+            text=lines_to_markdown(lines),
+            finish_reason="stop",
+            seconds=time.monotonic() - started,
+            blocks=blocks,
+        )
 
     async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
         loop = asyncio.get_running_loop()

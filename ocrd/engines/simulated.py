@@ -2,8 +2,11 @@
 
 It models an engine with continuous batching: up to `capacity` pages are recognised at once,
 each taking `seconds_per_page`; more wait their turn. Its text is derived from the page's
-pixels, so the same page always gives the same text and different pages different text.
-It never reads anything on the page and is never chosen by `auto`.
+pixels, so the same page always gives the same text and different pages different text;
+in layout mode it has the shape of DeepSeek-OCR-2's grounding output, with a title, a
+paragraph and one figure. With `unfinished_every: N` every Nth page stops at "max_tokens"
+in layout mode (the plain-text retry then finishes). It never reads anything on the page
+and is never chosen by `auto`.
 """
 
 from __future__ import annotations
@@ -37,17 +40,30 @@ class SimulatedEngine:
             await asyncio.sleep(self.config.seconds_per_page)
         digest = hashlib.sha256(page.image.tobytes()).hexdigest()[:16]
         width, height = page.image.size
-        heading = "# " if mode is PromptMode.layout else ""
-        text = (
-            f"{heading}Simulated page {page.number}\n\n"
-            f"Image {width}x{height} px, pixel digest {digest}."
+        unfinished = (
+            mode is PromptMode.layout
+            and self.config.unfinished_every > 0
+            and page.number % self.config.unfinished_every == 0
         )
         return PageText(
-            text=text,
-            finish_reason="stop",
+            text=self._text(page.number, width, height, digest, mode),
+            finish_reason="length" if unfinished else "stop",
             prompt_tokens=257,
             completion_tokens=self.config.tokens_per_page,
             seconds=time.monotonic() - started,
+        )
+
+    @staticmethod
+    def _text(number: int, width: int, height: int, digest: str, mode: PromptMode) -> str:
+        body = f"Image {width}x{height} px, pixel digest {digest}."
+        if mode is PromptMode.text:
+            return f"Simulated page {number}\n\n{body}"
+        return (  # the shape of DeepSeek-OCR-2's grounding output, with one figure
+            "<|ref|>title<|/ref|><|det|>[[60, 40, 940, 90]]<|/det|>\n"
+            f"# Simulated page {number}\n\n"
+            "<|ref|>text<|/ref|><|det|>[[60, 120, 940, 200]]<|/det|>\n"
+            f"{body}\n\n"
+            "<|ref|>image<|/ref|><|det|>[[100, 300, 600, 700]]<|/det|>\n"
         )
 
     async def check_health(self) -> None:

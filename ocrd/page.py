@@ -1,0 +1,101 @@
+"""One recognised page: the engine's text, its blocks, its figures and whether it finished.
+
+The same assembly serves the daemon (text from the engine) and `ocrd rerender` (text from a
+raw file), so both write the same output for the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ocrd.config import PromptMode
+from ocrd.engines.base import PageText
+from ocrd.grounding import Block, Box, parse_page
+from ocrd.markdown import looks_repetitive
+from ocrd.render import PageImage
+
+MIN_FIGURE_SIDE_PX = 16  # smaller crops are noise or degenerate boxes
+
+
+@dataclass
+class PageResult:
+    number: int
+    text: PageText
+    prompt: PromptMode
+    image_size: tuple[int, int]
+    page_size_pt: tuple[float, float]
+    blocks: list[Block]  # parsed from the text: what the Markdown and the figures come from
+    figures: dict[int, Path] = field(default_factory=dict)  # image block index: its crop
+    retried: bool = False
+
+    @property
+    def layout_blocks(self) -> list[Block]:
+        """Blocks for the layout file: the engine's own where it has them (RapidOCR's lines)."""
+        return list(self.text.blocks) if self.text.blocks is not None else self.blocks
+
+    @property
+    def unfinished(self) -> bool:
+        """Stopped before its end (token limit, repetition stop) or ending in a loop."""
+        return not self.text.finished or looks_repetitive(self.text.text)
+
+    @property
+    def finish_reason(self) -> str:
+        if self.text.finished and looks_repetitive(self.text.text):
+            return "repetition"
+        return self.text.finish_reason
+
+
+def figure_box_px(box: Box, image_size: tuple[int, int]) -> tuple[int, int, int, int]:
+    x1, y1, x2, y2 = box.scaled(*image_size)
+    return round(x1), round(y1), round(x2), round(y2)
+
+
+def save_figures(page: PageImage, blocks: list[Block], folder: Path) -> dict[int, Path]:
+    """Crop every `image` block's first box out of the rendered page, as PNG files."""
+    figures: dict[int, Path] = {}
+    number = 0
+    for index, block in enumerate(blocks):
+        if block.label != "image" or not block.boxes:
+            continue
+        left, top, right, bottom = figure_box_px(block.boxes[0], page.image.size)
+        if right - left < MIN_FIGURE_SIDE_PX or bottom - top < MIN_FIGURE_SIDE_PX:
+            continue
+        number += 1
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"page{page.number}-figure{number}.png"
+        page.image.crop((left, top, right, bottom)).save(path, format="PNG")
+        figures[index] = path
+    return figures
+
+
+def assemble_page(
+    page: PageImage,
+    text: PageText,
+    prompt: PromptMode,
+    figures_folder: Path | None,
+    retried: bool = False,
+) -> PageResult:
+    blocks = parse_page(text.text)
+    figures = save_figures(page, blocks, figures_folder) if figures_folder else {}
+    return PageResult(
+        number=page.number,
+        text=text,
+        prompt=prompt,
+        image_size=page.image.size,
+        page_size_pt=(page.width_pt, page.height_pt),
+        blocks=blocks,
+        figures=figures,
+        retried=retried,
+    )
+
+
+def better(first: PageText, second: PageText) -> PageText:
+    """The more useful of two attempts at one page: finished beats unfinished, then the one
+    with more distinct words (a loop repeats few)."""
+
+    def score(text: PageText) -> tuple[bool, int]:
+        complete = text.finished and not looks_repetitive(text.text)
+        return complete, len(set(text.text.split()))
+
+    return second if score(second) > score(first) else first

@@ -1,0 +1,81 @@
+"""`ocrd rerender`: a document's output written again from the engine's raw text.
+
+The pages are rendered again exactly as the daemon renders them (same settings, so the same
+pixels and the same figure crops), and the raw lines of `<name>.raw.jsonl` stand in for the
+engine. Users who upgrade ocrd or change output options get new Markdown without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from ocrd.config import PromptMode
+from ocrd.engines.base import PageText
+from ocrd.grounding import Block, Box
+from ocrd.page import assemble_page
+from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings
+from ocrd.render import RenderError, RenderLimits, RenderWorker, detect_format
+from ocrd.write import OutputFiles, markdown_target, write_document
+
+
+class RawFileError(Exception):
+    """The raw file cannot be used; the message says which line and why."""
+
+
+def read_raw(path: Path) -> dict[int, tuple[PageText, PromptMode, bool]]:
+    pages: dict[int, tuple[PageText, PromptMode, bool]] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            blocks = entry.get("blocks")
+            text = PageText(
+                text=str(entry["text"]),
+                finish_reason=str(entry.get("finish_reason", "stop")),
+                prompt_tokens=int(entry.get("prompt_tokens", 0)),
+                completion_tokens=int(entry.get("completion_tokens", 0)),
+                blocks=None
+                if blocks is None
+                else tuple(
+                    Block(
+                        b["label"], tuple(Box.normalised(*box) for box in b["boxes"]), b["content"]
+                    )
+                    for b in blocks
+                ),
+            )
+            prompt = PromptMode(entry.get("prompt", PromptMode.layout.value))
+            pages[int(entry["page"])] = (text, prompt, bool(entry.get("retried", False)))
+        except (ValueError, KeyError, TypeError) as error:
+            raise RawFileError(f"{path}, line {number}: not a raw page line ({error})") from None
+    return pages
+
+
+async def rerender(
+    document: Path, raw: Path, out: Path, settings: DocumentSettings, limits: RenderLimits
+) -> OutputFiles:
+    """Write `<out>/<name>.md` (and its companions) for `document` from `raw`."""
+    texts = read_raw(raw)
+    worker = RenderWorker(limits)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ocrd-rerender-") as scratch:
+            fmt = detect_format(document)
+            count = await worker.open(document, fmt, settings.render)
+            missing = sorted(set(range(1, count + 1)) - texts.keys())
+            if missing:
+                raise RawFileError(f"{raw} has no line for page {missing[0]} of {document}")
+            figures = Path(scratch) if settings.figures else None
+            pages = []
+            for number in range(1, count + 1):
+                image = await worker.render(number)
+                text, prompt, retried = texts[number]
+                pages.append(assemble_page(image, text, prompt, figures, retried))
+            result = DocumentResult(fmt, pages, 0.0)
+            target = markdown_target(out, Path(document.name))
+            return write_document(result, settings, target, document.name)
+    except RenderError as error:
+        raise DocumentFailed("render", str(error), error.page, "RenderError") from None
+    finally:
+        worker.shutdown()
