@@ -21,6 +21,7 @@ from pathlib import Path
 from ocrd.claim import Claim, WorkArea
 from ocrd.config import Config, InboxConfig
 from ocrd.engines import Engine, EngineDeadError, choose_engine, create_engine
+from ocrd.files import remove_stale_temporaries
 from ocrd.log import FilteringBoundLogger, get_logger
 from ocrd.notify import SystemdNotifier
 from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings, Pipeline
@@ -32,7 +33,18 @@ EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
 EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStatus=78)
 
 TICK_SECONDS = 0.5
+POISON_ATTEMPTS = 2  # attempts that never finished: the daemon died during each
 HEALTH_CHECK_SECONDS = 2.0
+
+
+def poisoned(attempts: int) -> DocumentFailed:
+    return DocumentFailed(
+        "crash",
+        f"crashed the daemon twice: the daemon or its engine died while this file was being "
+        f"processed ({attempts} attempts), so it was set aside to keep other files moving; "
+        "check the log around its earlier attempts, then drop it into the inbox again",
+        error_type="PoisonDocument",
+    )
 
 
 class StartupError(Exception):
@@ -192,6 +204,9 @@ class Daemon:
                 settler=Settler(config, self.engine.name),
                 settings=DocumentSettings.of(config),
             )
+            for folder in (config.outbox, config.done, config.failed):
+                if folder.is_dir():
+                    remove_stale_temporaries(folder)
             for claim in inbox.work.recover():
                 self.log.info("document.recovered", doc=claim.id, path=claim.state.relative_path)
                 self._jobs.append(Job(inbox, claim=claim))
@@ -344,12 +359,17 @@ class Daemon:
                 "document.settled", outcome=resumed.outcome, resumed=True, original=resumed.original
             )
             return
+        started = time.monotonic()
+        if claim.state.attempts >= POISON_ATTEMPTS:
+            self._fail(inbox, claim, poisoned(claim.state.attempts), started, log)
+            return
         attempt = claim.start_attempt()
         log.info("document.started", attempt=attempt)
-        started = time.monotonic()
         try:
             result = await self.pipeline.convert(claim.path, inbox.settings, claim.scratch, log)
         except asyncio.CancelledError:
+            claim.state.attempts -= 1  # a clean shutdown is not a crash
+            claim.save()
             log.warning("document.interrupted", action="left in the work area for the next start")
             raise
         except DocumentFailed as failure:

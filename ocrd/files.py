@@ -4,9 +4,35 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+# Short, recognisable temporary names: a long original name must not make them too long,
+# and files left by a killed run can be told apart from users' files and swept away.
+_TEMPORARY = re.compile(r"^\.ocrd-\d+-[0-9a-f]{8}\.tmp$")
+
+
+def temporary_path(folder: Path) -> Path:
+    return folder / f".ocrd-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+
+
+def remove_stale_temporaries(root: Path) -> int:
+    """Remove ocrd's temporary files and folders under `root` left by a killed run."""
+    removed = 0
+    for folder, folders, files in os.walk(root):
+        for name in [*files, *folders]:
+            if _TEMPORARY.match(name):
+                path = Path(folder) / name
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+                removed += 1
+        folders[:] = [name for name in folders if not _TEMPORARY.match(name)]
+    return removed
 
 
 def fsync_dir(path: Path) -> None:
@@ -17,16 +43,28 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def numbered(desired: Path, number: int) -> Path:
+    """`name.ext` for 1, `name-2.ext` for 2, ...; a very long stem is shortened (the same way
+    for every extension, so an original and its Markdown keep matching names)."""
+    stem, suffix = _split_name(desired.name)
+    tail = "" if number == 1 else f"-{number}"
+    encoded = stem.encode()
+    if len(encoded) + len(tail) > MAX_STEM_BYTES:
+        stem = encoded[: MAX_STEM_BYTES - len(tail)].decode(errors="ignore")
+    return desired.with_name(f"{stem}{tail}{suffix}")
+
+
 def candidate_names(desired: Path) -> Iterator[Path]:
     """`name.ext`, then `name-2.ext`, `name-3.ext`, ... for a name that is free."""
-    yield desired
-    stem, suffix = _split_name(desired.name)
-    for number in range(2, 1_000_000):
-        yield desired.with_name(f"{stem}-{number}{suffix}")
+    for number in range(1, 1_000_000):
+        yield numbered(desired, number)
+
+
+MAX_STEM_BYTES = 200  # leaves room under NAME_MAX (255) for any extension or companion
 
 
 def _split_name(name: str) -> tuple[str, str]:
-    for compound in (".error.json", ".tar.gz"):
+    for compound in (".error.json",):
         if name.endswith(compound) and len(name) > len(compound):
             return name[: -len(compound)], compound
     stem, dot, suffix = name.rpartition(".")
@@ -68,7 +106,7 @@ def write_new_file(target: Path, data: bytes) -> None:
     A reader sees either no file or the whole file. Raises FileExistsError if `target` exists.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary = temporary_path(target.parent)
     with temporary.open("wb") as handle:
         handle.write(data)
         handle.flush()
@@ -83,7 +121,7 @@ def write_new_file(target: Path, data: bytes) -> None:
 def replace_file(target: Path, data: bytes) -> None:
     """Atomically replace `target` (for ocrd's own state files, which it may overwrite)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary = temporary_path(target.parent)
     with temporary.open("wb") as handle:
         handle.write(data)
         handle.flush()
@@ -104,7 +142,7 @@ def move_new(source: Path, target: Path) -> None:
     except OSError as error:
         if error.errno != errno.EXDEV:
             raise
-        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        temporary = temporary_path(target.parent)
         shutil.copy2(source, temporary)
         with temporary.open("rb") as handle:
             os.fsync(handle.fileno())

@@ -10,15 +10,15 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from ocrd import __version__
 from ocrd.claim import Claim, Settlement, now_iso
 from ocrd.config import InboxConfig
-from ocrd.files import free_name, move_new, write_new_file
+from ocrd.files import free_name, move_new, numbered, write_new_file
 from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings
-from ocrd.write import markdown_target, write_document
+from ocrd.write import discard_outputs, markdown_path, outputs_free, write_document
 
 ERROR_SUFFIX = ".error.json"
 
@@ -68,18 +68,31 @@ class Settler:
         self.engine = engine
 
     def done(self, claim: Claim, result: DocumentResult, settings: DocumentSettings) -> Settlement:
-        relative = claim.relative_path
-        settlement = Settlement(
-            outcome="done",
-            original=str(free_name(self.inbox.done / relative)),
-            markdown=str(markdown_target(self.inbox.outbox, relative)),
-        )
-        claim.plan(settlement)
-        write_document(result, settings, Path(settlement.markdown), relative.name)
+        settlement = claim.state.settlement
+        if settlement is None or settlement.outcome != "done" or settlement.markdown is None:
+            settlement = self._plan_done(claim.relative_path)
+            claim.plan(settlement)
+        # else: an earlier attempt planned these names and died before its Markdown appeared;
+        # reusing them overwrites what it left instead of leaving it beside a second copy.
+        write_document(result, settings, Path(settlement.markdown), claim.relative_path.name)
         self._finish(claim, settlement)
         return settlement
 
+    def _plan_done(self, relative: PurePath) -> Settlement:
+        """The first number free for the original in done/ and its Markdown and companions
+        in the outbox together, so that `done/x-2.pdf` goes with `outbox/x-2.md`."""
+        number = 1
+        while True:
+            original = numbered(self.inbox.done / relative, number)
+            markdown = markdown_path(self.inbox.outbox, relative, number)
+            if not original.exists() and outputs_free(markdown):
+                return Settlement("done", str(original), markdown=str(markdown))
+            number += 1
+
     def failed(self, claim: Claim, failure: DocumentFailed) -> Settlement:
+        previous = claim.state.settlement
+        if previous is not None and previous.markdown is not None:
+            discard_outputs(Path(previous.markdown))  # companions of a done attempt that died
         original = free_name(self.inbox.failed / claim.relative_path, ERROR_SUFFIX)
         settlement = Settlement(
             outcome="failed",

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ocrd import __version__
-from ocrd.files import free_name, fsync_dir, replace_file, write_new_file
+from ocrd.files import fsync_dir, numbered, replace_file, temporary_path, write_new_file
 from ocrd.grounding import Block
 from ocrd.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
 from ocrd.page import PageResult, figure_box_px
@@ -50,9 +50,30 @@ class OutputFiles:
         return self._beside(".raw.jsonl")
 
 
+def markdown_path(outbox: Path, relative: PurePath, number: int = 1) -> Path:
+    """`<outbox>/<folder>/<stem>.md` for number 1, `<stem>-2.md` for 2, ..."""
+    return numbered(outbox / relative.parent / f"{relative.stem}.md", number)
+
+
+def outputs_free(markdown: Path) -> bool:
+    files = OutputFiles(markdown)
+    return not any(p.exists() for p in (markdown, files.assets, files.layout, files.raw))
+
+
 def markdown_target(outbox: Path, relative: PurePath) -> Path:
-    """`<outbox>/<folder>/<stem>.md`, or `<stem>-2.md`, ... where it or a companion exists."""
-    return free_name(outbox / relative.parent / f"{relative.stem}.md", *COMPANIONS)
+    """The first of `<stem>.md`, `<stem>-2.md`, ... free together with its companions."""
+    number = 1
+    while not outputs_free(markdown_path(outbox, relative, number)):
+        number += 1
+    return markdown_path(outbox, relative, number)
+
+
+def discard_outputs(markdown: Path) -> None:
+    """Remove the companions an interrupted attempt wrote before its Markdown."""
+    files = OutputFiles(markdown)
+    shutil.rmtree(files.assets, ignore_errors=True)
+    files.layout.unlink(missing_ok=True)
+    files.raw.unlink(missing_ok=True)
 
 
 def figure_links(page: PageResult, assets: str) -> dict[int, str]:
@@ -148,8 +169,7 @@ def _place_figures(result: DocumentResult, assets: Path) -> None:
         shutil.rmtree(assets)  # left by an attempt that died before its Markdown
     if not figures:
         return
-    staging = assets.with_name(f".{assets.name}.{os.getpid()}.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = temporary_path(assets.parent)
     staging.mkdir(parents=True)
     for path in figures:
         shutil.copyfile(path, staging / path.name)
