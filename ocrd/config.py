@@ -48,6 +48,7 @@ class InboxConfig(Strict):
     prompt: PromptMode = PromptMode.layout
     dpi: Annotated[int, Field(ge=36, le=600)] = 144
     max_image_side: Annotated[int, Field(ge=256, le=10000)] = 2048
+    passwords: tuple[str, ...] = ()
     page_separator: str = "\n\n<!-- page {page} -->\n\n"
     unfinished_pages: Literal["done", "failed"] = "done"
     retry_unfinished: bool = True

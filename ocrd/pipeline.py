@@ -49,7 +49,8 @@ class DocumentSettings:
     @classmethod
     def of(cls, inbox: InboxConfig) -> DocumentSettings:
         copied = {f.name: getattr(inbox, f.name) for f in fields(cls) if f.name != "render"}
-        return cls(**copied, render=RenderSettings(inbox.dpi, inbox.max_image_side))
+        render = RenderSettings(inbox.dpi, inbox.max_image_side, inbox.passwords)
+        return cls(**copied, render=render)
 
 
 class DocumentFailed(Exception):

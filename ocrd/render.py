@@ -65,6 +65,7 @@ class RenderSettings:
 
     dpi: int = 144
     max_image_side: int = 2048
+    passwords: tuple[str, ...] = ()  # tried in turn on an encrypted PDF
 
 
 @dataclass(frozen=True)
@@ -106,17 +107,28 @@ def detect_format(path: Path) -> InputFormat:
 
 
 class _PdfSource:
-    def __init__(self, path: Path, settings: RenderSettings) -> None:
+    def __init__(self, path: Path, settings: RenderSettings, limits: RenderLimits) -> None:
         import pymupdf
 
         self.settings = settings
+        self.limits = limits
         try:
             self.doc = pymupdf.open(path, filetype="pdf")
         except Exception as error:  # MuPDF raises its own types for broken files
-            raise RenderError(f"cannot open the PDF: {error}") from None
-        if self.doc.needs_pass:
-            raise RenderError("the PDF is encrypted and needs a password")
+            detail = str(error).replace(str(path), path.name)
+            raise RenderError(f"the PDF is damaged beyond repair (MuPDF: {detail})") from None
+        if self.doc.needs_pass and not self._unlock():
+            tried = len(settings.passwords)
+            raise RenderError(
+                f"encrypted, no password matched (tried {tried} from the inbox's 'passwords'"
+                " list); add its password there and drop the file in again"
+            )
         self.page_count = self.doc.page_count
+        if self.page_count == 0:
+            raise RenderError("no pages: the PDF is empty or its page tree is damaged")
+
+    def _unlock(self) -> bool:
+        return any(self.doc.authenticate(password) for password in ("", *self.settings.passwords))
 
     def render(self, number: int) -> tuple[int, int, bytes, float, float]:
         import pymupdf
@@ -126,7 +138,15 @@ class _PdfSource:
         longest = max(rect.width, rect.height)
         if longest <= 0:
             raise RenderError(f"page {number} has no area", page=number)
-        zoom = min(self.settings.dpi / 72, self.settings.max_image_side / longest)
+        full = self.settings.dpi / 72
+        width, height = round(rect.width * full), round(rect.height * full)
+        if width * height > self.limits.max_page_pixels:
+            raise RenderError(
+                f"page {number} is {width}x{height} px at {self.settings.dpi} DPI, over the limit "
+                f"of {self.limits.max_page_pixels} pixels (pipeline.max_page_pixels)",
+                page=number,
+            )
+        zoom = min(full, self.settings.max_image_side / longest)
         pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False, colorspace="rgb")
         return pixmap.width, pixmap.height, bytes(pixmap.samples), rect.width, rect.height
 
@@ -179,7 +199,7 @@ def _worker_main(conn: multiprocessing.connection.Connection, limits: RenderLimi
             if request[0] == "open":
                 _, path, fmt, settings = request
                 if fmt == InputFormat.pdf:
-                    source = _PdfSource(Path(path), settings)
+                    source = _PdfSource(Path(path), settings, limits)
                 else:
                     source = _RasterSource(Path(path), settings, limits)
                 conn.send(("ok", source.page_count))
