@@ -139,6 +139,8 @@ class PipelineConfig(Strict):
     max_pages_in_flight: Annotated[int, Field(ge=1)] = 64
     render_workers: Annotated[int, Field(ge=1)] = 2
     page_render_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
+    page_retries: Annotated[int, Field(ge=0)] = 2
+    page_retry_backoff_seconds: Annotated[float, Field(ge=0)] = 2.0
     render_memory_limit_mb: Annotated[int, Field(ge=256)] = 4096
     max_page_pixels: Annotated[int, Field(ge=1_000_000)] = 50_000_000
     rescan_interval_seconds: Annotated[float, Field(gt=0)] = 60.0

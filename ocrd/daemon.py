@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ocrd.claim import Claim, WorkArea
 from ocrd.config import Config, InboxConfig
@@ -28,6 +29,8 @@ from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings, Pipe
 from ocrd.settle import Settler
 from ocrd.watch import InboxWatcher, SettleTracker
 
+T = TypeVar("T")
+
 EXIT_OK = 0
 EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
 EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStatus=78)
@@ -35,6 +38,8 @@ EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStat
 TICK_SECONDS = 0.5
 POISON_ATTEMPTS = 2  # attempts that never finished: the daemon died during each
 HEALTH_CHECK_SECONDS = 2.0
+STORAGE_RETRY_FIRST_SECONDS = 1.0
+STORAGE_RETRY_MAX_SECONDS = 60.0
 
 
 def poisoned(attempts: int) -> DocumentFailed:
@@ -131,6 +136,7 @@ class Daemon:
         self.notifier = SystemdNotifier()
         self.throughput = Throughput()
         self.exit_code = EXIT_OK
+        self.storage_fault: str | None = None
         self.inboxes: list[Inbox] = []
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
@@ -293,9 +299,13 @@ class Daemon:
                 inbox.watcher.rescan()
 
     def status_line(self) -> str:
+        fault = f"STORAGE FAULT, retrying: {self.storage_fault}; " if self.storage_fault else ""
+        for inbox in self.inboxes:
+            if inbox.watcher is not None and inbox.watcher.missing:
+                fault += f"INBOX MISSING: {inbox.config.path}; "
         waiting = len(self._jobs) + sum(len(inbox.tracker) for inbox in self.inboxes)
         pages = self.pipeline.pages_in_flight if self.pipeline else 0
-        return (
+        return fault + (
             f"{waiting} waiting, {len(self._documents)} documents ({pages} pages) in flight, "
             f"{self.throughput.pages_per_second():.2f} pages/s"
         )
@@ -351,55 +361,84 @@ class Daemon:
 
     async def process(self, inbox: Inbox, claim: Claim) -> None:
         """One claimed document from its work folder to done/ or failed/."""
-        assert self.pipeline is not None
         log = get_logger(doc=claim.id, path=claim.state.relative_path)
-        resumed = inbox.settler.resume(claim)
+        resumed = await self._settle(lambda: inbox.settler.resume(claim), log)
         if resumed is not None:
-            log.info(
-                "document.settled", outcome=resumed.outcome, resumed=True, original=resumed.original
-            )
+            log.info("document.settled", outcome=resumed.outcome, resumed=True)
             return
         started = time.monotonic()
         if claim.state.attempts >= POISON_ATTEMPTS:
-            self._fail(inbox, claim, poisoned(claim.state.attempts), started, log)
+            failure = poisoned(claim.state.attempts)
+            await self._settle(lambda: self._fail(inbox, claim, failure, started, log), log)
             return
-        attempt = claim.start_attempt()
-        log.info("document.started", attempt=attempt)
+        log.info("document.started", attempt=claim.start_attempt())
         try:
-            result = await self.pipeline.convert(claim.path, inbox.settings, claim.scratch, log)
+            outcome = await self._convert(inbox, claim, log)
+            if isinstance(outcome, DocumentFailed):
+                await self._settle(lambda: self._fail(inbox, claim, outcome, started, log), log)
+            else:
+                await self._settle(lambda: self._succeed(inbox, claim, outcome, started, log), log)
         except asyncio.CancelledError:
             claim.state.attempts -= 1  # a clean shutdown is not a crash
             claim.save()
             log.warning("document.interrupted", action="left in the work area for the next start")
             raise
+
+    async def _convert(
+        self, inbox: Inbox, claim: Claim, log: FilteringBoundLogger
+    ) -> DocumentResult | DocumentFailed:
+        assert self.pipeline is not None
+        try:
+            return await self.pipeline.convert(claim.path, inbox.settings, claim.scratch, log)
         except DocumentFailed as failure:
-            self._fail(inbox, claim, failure, started, log)
-            return
-        except EngineDeadError:
+            return failure
+        except (EngineDeadError, asyncio.CancelledError):
             raise
         except Exception as error:  # a bug in ocrd must cost one document, not the daemon
             log.exception("document.internal_error")
-            self._fail(
-                inbox,
-                claim,
-                DocumentFailed("internal", repr(error), None, type(error).__name__),
-                started,
-                log,
-            )
-            return
+            return DocumentFailed("internal", repr(error), None, type(error).__name__)
+
+    async def _settle(self, action: Callable[[], T], log: FilteringBoundLogger) -> T:
+        """Run a settlement step; storage faults (disk full, read-only, missing folder) are
+        retried with backoff, the original safe in the work area, until they clear."""
+        delay = STORAGE_RETRY_FIRST_SECONDS
+        while True:
+            try:
+                value = action()
+            except OSError as error:
+                self.storage_fault = str(error)
+                log.error(
+                    "storage.fault",
+                    error=str(error),
+                    retry_in_seconds=delay,
+                    action="the original stays in the work area; ocrd retries until this clears",
+                )
+                self.report_status()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, STORAGE_RETRY_MAX_SECONDS)
+                continue
+            if self.storage_fault is not None:
+                log.info("storage.recovered")
+                self.storage_fault = None
+            return value
+
+    def _succeed(
+        self,
+        inbox: Inbox,
+        claim: Claim,
+        result: DocumentResult,
+        started: float,
+        log: FilteringBoundLogger,
+    ) -> None:
         try:
-            self._succeed(inbox, claim, result, log)
+            settlement = inbox.settler.done(claim, result, inbox.settings)
         except OSError:
-            raise  # a storage fault: the document stays claimed and is tried again
+            raise
         except Exception as error:  # a bug in writing costs this document only
             log.exception("document.internal_error", stage="write")
             failure = DocumentFailed("write", repr(error), None, type(error).__name__)
             self._fail(inbox, claim, failure, started, log)
-
-    def _succeed(
-        self, inbox: Inbox, claim: Claim, result: DocumentResult, log: FilteringBoundLogger
-    ) -> None:
-        settlement = inbox.settler.done(claim, result, inbox.settings)
+            return
         pages = len(result.pages)
         log.info(
             "document.finished",

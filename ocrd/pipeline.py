@@ -100,9 +100,18 @@ class DocumentResult:
 
 
 class Pipeline:
-    def __init__(self, engine: Engine, renderers: RenderPool, max_pages_in_flight: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        renderers: RenderPool,
+        max_pages_in_flight: int,
+        page_retries: int = 0,
+        retry_backoff_seconds: float = 0.0,
+    ) -> None:
         self.engine = engine
         self.renderers = renderers
+        self.page_retries = page_retries
+        self.retry_backoff_seconds = retry_backoff_seconds
         self._page_slots = asyncio.Semaphore(max_pages_in_flight)
         self.pages_in_flight = 0
         self.on_page_done: list[Callable[[PageText], None]] = []  # e.g. the throughput meter
@@ -110,7 +119,13 @@ class Pipeline:
     @classmethod
     def create(cls, engine: Engine, config: PipelineConfig) -> Pipeline:
         pool = RenderPool(config.render_workers, RenderLimits.of(config))
-        return cls(engine, pool, config.max_pages_in_flight)
+        return cls(
+            engine,
+            pool,
+            config.max_pages_in_flight,
+            config.page_retries,
+            config.page_retry_backoff_seconds,
+        )
 
     async def convert(
         self,
@@ -181,7 +196,7 @@ class Pipeline:
         self.pages_in_flight += 1
         try:
             prompt = settings.prompt
-            text = await self._engine_text(page, prompt)
+            text = await self._engine_text(page, prompt, log)
             result = assemble_page(page, text, prompt, figures)
             if result.unfinished and settings.retry_unfinished and prompt is PromptMode.layout:
                 log.info(
@@ -190,7 +205,7 @@ class Pipeline:
                     finish_reason=result.finish_reason,
                     prompt=PromptMode.text.value,
                 )
-                retry = await self._engine_text(page, PromptMode.text)
+                retry = await self._engine_text(page, PromptMode.text, log)
                 if better(text, retry) is retry:
                     result = assemble_page(page, retry, PromptMode.text, figures, retried=True)
                 else:
@@ -214,11 +229,30 @@ class Pipeline:
             callback(result.text)
         return result
 
-    async def _engine_text(self, page: PageImage, prompt: PromptMode) -> PageText:
-        try:
-            return await self.engine.recognise(page, prompt)
-        except EngineError as error:
-            raise EngineError(str(error), page=page.number) from error
+    async def _engine_text(
+        self, page: PageImage, prompt: PromptMode, log: FilteringBoundLogger
+    ) -> PageText:
+        """The engine's text for a page; a failed request is retried with backoff."""
+        delay = self.retry_backoff_seconds
+        for attempt in range(1, self.page_retries + 2):
+            try:
+                return await self.engine.recognise(page, prompt)
+            except EngineError as error:
+                if attempt > self.page_retries:
+                    raise EngineError(
+                        f"page {page.number} failed in the engine {attempt} times; last: {error}",
+                        page=page.number,
+                    ) from error
+                log.warning(
+                    "page.engine_error",
+                    page=page.number,
+                    attempt=attempt,
+                    error=str(error),
+                    retry_in_seconds=delay,
+                )
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

@@ -72,9 +72,10 @@ class Settler:
         if settlement is None or settlement.outcome != "done" or settlement.markdown is None:
             settlement = self._plan_done(claim.relative_path)
             claim.plan(settlement)
-        # else: an earlier attempt planned these names and died before its Markdown appeared;
-        # reusing them overwrites what it left instead of leaving it beside a second copy.
-        write_document(result, settings, Path(settlement.markdown), claim.relative_path.name)
+        # else: an earlier attempt planned these names and died (or hit a storage fault)
+        # before finishing; reusing them overwrites what it left instead of adding a copy.
+        if not Path(settlement.markdown).is_file():
+            write_document(result, settings, Path(settlement.markdown), claim.relative_path.name)
         self._finish(claim, settlement)
         return settlement
 
@@ -90,18 +91,24 @@ class Settler:
             number += 1
 
     def failed(self, claim: Claim, failure: DocumentFailed) -> Settlement:
-        previous = claim.state.settlement
-        if previous is not None and previous.markdown is not None:
-            discard_outputs(Path(previous.markdown))  # companions of a done attempt that died
-        original = free_name(self.inbox.failed / claim.relative_path, ERROR_SUFFIX)
-        settlement = Settlement(
-            outcome="failed",
-            original=str(original),
-            error_report=str(report_path(original)),
-            error=error_report(failure, claim, self.engine, claim.path),
-        )
-        claim.plan(settlement)
-        write_report(Path(settlement.error_report), settlement.error)
+        settlement = claim.state.settlement
+        if settlement is None or settlement.outcome != "failed":
+            if settlement is not None and settlement.markdown is not None:
+                discard_outputs(Path(settlement.markdown))  # left by a done attempt that died
+            original = free_name(self.inbox.failed / claim.relative_path, ERROR_SUFFIX)
+            settlement = Settlement(
+                outcome="failed",
+                original=str(original),
+                error_report=str(report_path(original)),
+                error=error_report(failure, claim, self.engine, claim.path),
+            )
+            claim.plan(settlement)
+        return self._finish_failed(claim, settlement)
+
+    def _finish_failed(self, claim: Claim, settlement: Settlement) -> Settlement:
+        report = Path(settlement.error_report or report_path(Path(settlement.original)))
+        if not report.is_file():
+            write_report(report, settlement.error or {})
         self._finish(claim, settlement)
         return settlement
 
@@ -110,13 +117,10 @@ class Settler:
         settlement = claim.state.settlement
         if settlement is None:
             return None
-        if settlement.outcome == "done":
-            if settlement.markdown is None or not Path(settlement.markdown).is_file():
-                return None  # died before the Markdown was in place: convert again
-        else:
-            report = Path(settlement.error_report or report_path(Path(settlement.original)))
-            if not report.exists():
-                write_report(report, settlement.error or {})
+        if settlement.outcome == "failed":
+            return self._finish_failed(claim, settlement)
+        if settlement.markdown is None or not Path(settlement.markdown).is_file():
+            return None  # died before the Markdown was in place: convert again
         self._finish(claim, settlement)
         return settlement
 

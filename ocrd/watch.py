@@ -139,22 +139,40 @@ class InboxWatcher:
         self._loop = loop
         self._on_candidate = on_candidate
         self._observer: BaseObserver | None = None
+        self.missing = False
+        self.log = get_logger(inbox=str(inbox.path))
 
     def start(self) -> None:
+        self._start_observer()
+        self.rescan()
+
+    def _start_observer(self) -> None:
         observer = (
             PollingObserver(timeout=self.inbox.poll_interval_seconds)
             if self.inbox.polling
             else Observer()
         )
-        observer.schedule(
-            _Handler(self._from_thread), str(self.inbox.path), recursive=self.inbox.recursive
-        )
+        handler = _Handler(self._from_thread)
+        observer.schedule(handler, str(self.inbox.path), recursive=self.inbox.recursive)
         observer.daemon = True
         observer.start()
         self._observer = observer
-        self.rescan()
 
     def rescan(self) -> None:
+        """Take every candidate again; notice an inbox that was removed or came back."""
+        if not self.inbox.path.is_dir():
+            if not self.missing:
+                self.missing = True
+                self.log.error(
+                    "inbox.missing",
+                    action="files dropped now are not seen; watching resumes when it is back",
+                )
+            return
+        if self.missing:
+            self.missing = False
+            self.stop()
+            self._start_observer()  # the old watch died with the old folder
+            self.log.info("inbox.restored")
         for path in scan(self.inbox):
             self._on_candidate(path)
 

@@ -19,11 +19,14 @@ class RecordingEngine(SimulatedEngine):
     """The simulated engine, with uneven page times (so pages finish out of order) and a
     record of how many pages it held at once and which documents they came from."""
 
-    def __init__(self, capacity: int = 64, fail_page: int | None = None) -> None:
+    def __init__(
+        self, capacity: int = 64, fail_page: int | None = None, failures: int = 1000
+    ) -> None:
         super().__init__(SimulatedConfig(seconds_per_page=0.0, capacity=capacity))
         self.active = 0
         self.peak = 0
         self.fail_page = fail_page
+        self.failures = failures  # how often fail_page fails before it succeeds
         self.calls = 0
 
     async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
@@ -32,7 +35,8 @@ class RecordingEngine(SimulatedEngine):
         self.peak = max(self.peak, self.active)
         try:
             await asyncio.sleep(0.02 * ((page.number * 7) % 5))
-            if page.number == self.fail_page:
+            if page.number == self.fail_page and self.failures > 0:
+                self.failures -= 1
                 raise EngineError("simulated failure")
             return await super().recognise(page, mode)
         finally:
@@ -43,10 +47,13 @@ def run_pipeline(engine, paths, max_pages_in_flight=64, render_workers=2):
     scratch = Path(tempfile.mkdtemp(prefix="ocrd-test-"))
 
     async def run():
-        pipeline = Pipeline.create(
-            engine,
-            PipelineConfig(max_pages_in_flight=max_pages_in_flight, render_workers=render_workers),
+        config = PipelineConfig(
+            max_pages_in_flight=max_pages_in_flight,
+            render_workers=render_workers,
+            page_retries=2,
+            page_retry_backoff_seconds=0.01,
         )
+        pipeline = Pipeline.create(engine, config)
         try:
             results = await asyncio.gather(
                 *(pipeline.convert(p, DocumentSettings(), scratch / p.stem) for p in paths),
@@ -90,7 +97,15 @@ def test_a_failing_page_fails_its_document_only(tmp_path: Path) -> None:
     results = run_pipeline(RecordingEngine(fail_page=4), [bad, good])
     assert isinstance(results[0], DocumentFailed)
     assert (results[0].stage, results[0].page) == ("recognise", 4)
+    assert "failed in the engine 3 times" in results[0].message
     assert len(results[1].pages) == 2
+
+
+def test_a_page_that_fails_once_is_retried(tmp_path: Path) -> None:
+    engine = RecordingEngine(fail_page=2, failures=2)
+    [result] = run_pipeline(engine, [make_pdf(tmp_path / "flaky.pdf", 3)])
+    assert [page.number for page in result.pages] == [1, 2, 3]
+    assert engine.calls == 5
 
 
 def test_unsupported_input_fails_at_detection(tmp_path: Path) -> None:
