@@ -72,6 +72,11 @@ class Claim:
         return self.folder / ".scratch"
 
     @property
+    def journal(self) -> Path:
+        """Pages recognised so far, for resuming after a restart."""
+        return self.folder / ".pages.jsonl"
+
+    @property
     def path(self) -> Path:
         """Where the original lies while it is claimed."""
         return self.folder / self.relative_path

@@ -25,6 +25,7 @@ from ocrd.engines import Engine, EngineDeadError, choose_engine, create_engine
 from ocrd.files import remove_stale_temporaries
 from ocrd.log import FilteringBoundLogger, get_logger
 from ocrd.notify import SystemdNotifier
+from ocrd.page import PageJournal
 from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings, Pipeline
 from ocrd.settle import Settler
 from ocrd.watch import InboxWatcher, SettleTracker
@@ -389,7 +390,10 @@ class Daemon:
     ) -> DocumentResult | DocumentFailed:
         assert self.pipeline is not None
         try:
-            return await self.pipeline.convert(claim.path, inbox.settings, claim.scratch, log)
+            journal = PageJournal(claim.journal)
+            return await self.pipeline.convert(
+                claim.path, inbox.settings, claim.scratch, log, journal
+            )
         except DocumentFailed as failure:
             return failure
         except (EngineDeadError, asyncio.CancelledError):

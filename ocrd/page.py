@@ -6,8 +6,11 @@ raw file), so both write the same output for the same text.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ocrd.config import PromptMode
 from ocrd.engines.base import PageText
@@ -99,3 +102,96 @@ def better(first: PageText, second: PageText) -> PageText:
         return complete, len(set(text.text.split()))
 
     return second if score(second) > score(first) else first
+
+
+def page_record(page: PageResult) -> dict[str, Any]:
+    """A page as one JSON object: the raw line `ocrd rerender` reads back."""
+    record: dict[str, Any] = {
+        "page": page.number,
+        "text": page.text.text,
+        "finish_reason": page.text.finish_reason,
+        "prompt": page.prompt.value,
+        "retried": page.retried,
+        "prompt_tokens": page.text.prompt_tokens,
+        "completion_tokens": page.text.completion_tokens,
+    }
+    if page.text.blocks is not None:
+        record["blocks"] = [
+            {
+                "label": b.label,
+                "boxes": [[x.x1, x.y1, x.x2, x.y2] for x in b.boxes],
+                "content": b.content,
+            }
+            for b in page.text.blocks
+        ]
+    return record
+
+
+def text_from_record(record: dict[str, Any]) -> tuple[PageText, PromptMode, bool]:
+    """The engine's answer, prompt and retry flag of a raw line; KeyError, TypeError or
+    ValueError if it is not one."""
+    blocks = record.get("blocks")
+    text = PageText(
+        text=str(record["text"]),
+        finish_reason=str(record.get("finish_reason", "stop")),
+        prompt_tokens=int(record.get("prompt_tokens", 0)),
+        completion_tokens=int(record.get("completion_tokens", 0)),
+        blocks=None
+        if blocks is None
+        else tuple(
+            Block(b["label"], tuple(Box.normalised(*box) for box in b["boxes"]), b["content"])
+            for b in blocks
+        ),
+    )
+    prompt = PromptMode(record.get("prompt", PromptMode.layout.value))
+    return text, prompt, bool(record.get("retried", False))
+
+
+class PageJournal:
+    """Pages already recognised, appended as they finish, so that a document interrupted at
+    page 200 of 300 continues there after a restart instead of at page 1."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self, figures_folder: Path | None) -> dict[int, PageResult]:
+        pages: dict[int, PageResult] = {}
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return pages
+        for line in lines:
+            try:  # the last line may be torn by a kill
+                record = json.loads(line)
+                text, prompt, retried = text_from_record(record)
+                figures = {
+                    int(index): figures_folder / name
+                    for index, name in record.get("figures", {}).items()
+                    if figures_folder is not None and (figures_folder / name).is_file()
+                }
+                pages[int(record["page"])] = PageResult(
+                    number=int(record["page"]),
+                    text=text,
+                    prompt=prompt,
+                    image_size=tuple(record["image_size"]),  # type: ignore[arg-type]
+                    page_size_pt=tuple(record["page_size_pt"]),  # type: ignore[arg-type]
+                    blocks=parse_page(text.text),
+                    figures=figures,
+                    retried=retried,
+                )
+            except (ValueError, KeyError, TypeError):
+                continue
+        return pages
+
+    def append(self, page: PageResult) -> None:
+        record = {
+            **page_record(page),
+            "image_size": list(page.image_size),
+            "page_size_pt": list(page.page_size_pt),
+            "figures": {str(index): path.name for index, path in page.figures.items()},
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())

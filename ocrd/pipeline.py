@@ -17,7 +17,7 @@ from pathlib import Path
 from ocrd.config import InboxConfig, PipelineConfig, PromptMode
 from ocrd.engines import Engine, EngineDeadError, EngineError, PageText
 from ocrd.log import FilteringBoundLogger, get_logger
-from ocrd.page import PageResult, assemble_page, better
+from ocrd.page import PageJournal, PageResult, assemble_page, better
 from ocrd.render import (
     InputFormat,
     PageImage,
@@ -133,10 +133,12 @@ class Pipeline:
         settings: DocumentSettings,
         scratch: Path,
         log: FilteringBoundLogger | None = None,
+        journal: PageJournal | None = None,
     ) -> DocumentResult:
         """Render and recognise every page of `path`; raises DocumentFailed with the reason.
 
-        Figure crops are written to `scratch` as pages come back, not kept in memory.
+        Figure crops are written to `scratch` as pages come back, not kept in memory. Pages
+        found in `journal` are taken from it; each newly recognised page is added to it.
         """
         log = log or get_logger(path=str(path))
         started = time.monotonic()
@@ -147,7 +149,7 @@ class Pipeline:
         except OSError as error:
             raise DocumentFailed("detect", f"cannot read the file: {error.strerror}") from None
         try:
-            pages = await self._render_and_recognise(path, fmt, settings, scratch, log)
+            pages = await self._render_and_recognise(path, fmt, settings, scratch, log, journal)
         except BaseExceptionGroup as group:
             raise _document_failure(group) from None
         result = DocumentResult(fmt, pages, time.monotonic() - started)
@@ -168,22 +170,30 @@ class Pipeline:
         settings: DocumentSettings,
         scratch: Path,
         log: FilteringBoundLogger,
+        journal: PageJournal | None,
     ) -> list[PageResult]:
-        tasks: list[asyncio.Task[PageResult]] = []
         figures = scratch if settings.figures else None
+        done = journal.load(figures) if journal else {}
+        results: dict[int, PageResult] = {}
+        tasks: dict[int, asyncio.Task[PageResult]] = {}
         async with asyncio.TaskGroup() as group, self.renderers.worker() as renderer:
             count = await renderer.open(path, fmt, settings.render)
-            log.info("document.opened", format=str(fmt), pages=count)
+            resumed = [number for number in done if number <= count]
+            log.info("document.opened", format=str(fmt), pages=count, resumed_pages=len(resumed))
             for number in range(1, count + 1):
+                if number in done:
+                    results[number] = done[number]
+                    continue
                 await self._page_slots.acquire()
                 try:
                     page = await renderer.render(number)
                 except BaseException:
                     self._page_slots.release()
                     raise
-                task = self._recognise(page, settings, figures, log)
-                tasks.append(group.create_task(task))
-        return [task.result() for task in tasks]
+                task = self._recognise(page, settings, figures, log, journal)
+                tasks[number] = group.create_task(task)
+        results.update((number, task.result()) for number, task in tasks.items())
+        return [results[number] for number in sorted(results)]
 
     async def _recognise(
         self,
@@ -191,6 +201,7 @@ class Pipeline:
         settings: DocumentSettings,
         figures: Path | None,
         log: FilteringBoundLogger,
+        journal: PageJournal | None = None,
     ) -> PageResult:
         """One page through the engine; an unfinished layout page gets one plain-text retry."""
         self.pages_in_flight += 1
@@ -225,6 +236,8 @@ class Pipeline:
             seconds=round(result.text.seconds, 3),
             engine_interval=result.text.engine_interval,
         )
+        if journal is not None:
+            journal.append(result)
         for callback in self.on_page_done:
             callback(result.text)
         return result

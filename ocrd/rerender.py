@@ -13,8 +13,7 @@ from pathlib import Path
 
 from ocrd.config import PromptMode
 from ocrd.engines.base import PageText
-from ocrd.grounding import Block, Box
-from ocrd.page import assemble_page
+from ocrd.page import assemble_page, text_from_record
 from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings
 from ocrd.render import RenderError, RenderLimits, RenderWorker, detect_format
 from ocrd.write import OutputFiles, markdown_target, write_document
@@ -30,24 +29,8 @@ def read_raw(path: Path) -> dict[int, tuple[PageText, PromptMode, bool]]:
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
-            blocks = entry.get("blocks")
-            text = PageText(
-                text=str(entry["text"]),
-                finish_reason=str(entry.get("finish_reason", "stop")),
-                prompt_tokens=int(entry.get("prompt_tokens", 0)),
-                completion_tokens=int(entry.get("completion_tokens", 0)),
-                blocks=None
-                if blocks is None
-                else tuple(
-                    Block(
-                        b["label"], tuple(Box.normalised(*box) for box in b["boxes"]), b["content"]
-                    )
-                    for b in blocks
-                ),
-            )
-            prompt = PromptMode(entry.get("prompt", PromptMode.layout.value))
-            pages[int(entry["page"])] = (text, prompt, bool(entry.get("retried", False)))
+            record = json.loads(line)
+            pages[int(record["page"])] = text_from_record(record)
         except (ValueError, KeyError, TypeError) as error:
             raise RawFileError(f"{path}, line {number}: not a raw page line ({error})") from None
     return pages

@@ -20,7 +20,7 @@ from ocrd import __version__
 from ocrd.files import fsync_dir, numbered, replace_file, temporary_path, write_new_file
 from ocrd.grounding import Block
 from ocrd.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
-from ocrd.page import PageResult, figure_box_px
+from ocrd.page import PageResult, figure_box_px, page_record
 from ocrd.pipeline import DocumentResult, DocumentSettings
 
 COMPANIONS = (".assets", ".layout.json", ".raw.jsonl")
@@ -138,28 +138,7 @@ def layout_document(result: DocumentResult, source: str, assets: str) -> dict[st
 
 def raw_lines(result: DocumentResult) -> str:
     """One JSON object a page: what `ocrd rerender` needs to write the same output again."""
-    lines = []
-    for page in result.pages:
-        entry: dict[str, Any] = {
-            "page": page.number,
-            "text": page.text.text,
-            "finish_reason": page.text.finish_reason,
-            "prompt": page.prompt.value,
-            "retried": page.retried,
-            "prompt_tokens": page.text.prompt_tokens,
-            "completion_tokens": page.text.completion_tokens,
-        }
-        if page.text.blocks is not None:
-            entry["blocks"] = [
-                {
-                    "label": b.label,
-                    "boxes": [[x.x1, x.y1, x.x2, x.y2] for x in b.boxes],
-                    "content": b.content,
-                }
-                for b in page.text.blocks
-            ]
-        lines.append(json.dumps(entry, ensure_ascii=False))
-    return "\n".join(lines) + "\n"
+    return "".join(json.dumps(page_record(p), ensure_ascii=False) + "\n" for p in result.pages)
 
 
 def _place_figures(result: DocumentResult, assets: Path) -> None:

@@ -82,3 +82,33 @@ def test_kill_loop_keeps_every_invariant(tmp_path: Path, start_daemon) -> None:
     assert summary["inputs"] == summary["done"] + summary["failed"] == inputs
     assert summary["markdown"] == summary["done"]
     assert summary["failed"] >= 3 * rounds  # at least the three bad files of each round
+
+
+def test_a_long_document_killed_half_way_resumes_where_it_stopped(
+    tmp_path: Path, start_daemon
+) -> None:
+    engine = {"kind": "simulated", "simulated": {"seconds_per_page": 0.2, "capacity": 4}}
+    config = write_config(tmp_path, engine=engine)
+    data = tmp_path / "data"
+    pages = 60
+    make_pdf(data / "inbox" / "long.pdf", pages)
+
+    first = start_daemon(config)
+    first.wait_for("page.recognised", timeout=120, count=30)
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(timeout=30)
+    recognised_before = len(first.find("page.recognised"))
+
+    second = start_daemon(config)
+    [summary] = second.wait_for("document.finished", timeout=180)
+    assert second.stop() == 0
+    [opened] = second.find("document.opened")
+    sent_again = len(second.find("page.recognised"))
+    assert opened["resumed_pages"] >= 30
+    assert sent_again == pages - opened["resumed_pages"]
+    assert sent_again <= pages - 30 < pages - 1
+    assert recognised_before + sent_again >= pages
+    assert summary["pages"] == pages
+    markdown = (data / "outbox" / "long.md").read_text()
+    assert all(f"<!-- page {n} -->" in markdown for n in range(2, pages + 1))
+    assert markdown.count("# Simulated page") == pages
