@@ -43,6 +43,7 @@ class InboxConfig(Strict):
     include: tuple[str, ...] = ("*",)
     ignore: tuple[str, ...] = ()
     settle_seconds: Annotated[float, Field(ge=0)] = 5.0
+    max_settle_wait_seconds: Annotated[float, Field(gt=0)] = 3600.0
     polling: bool = False
     poll_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
     prompt: PromptMode = PromptMode.layout

@@ -43,6 +43,16 @@ STORAGE_RETRY_FIRST_SECONDS = 1.0
 STORAGE_RETRY_MAX_SECONDS = 60.0
 
 
+def still_growing(inbox: InboxConfig) -> DocumentFailed:
+    return DocumentFailed(
+        "detect",
+        f"the file was still being written {inbox.max_settle_wait_seconds:g} s after it "
+        "appeared, so it was never complete; drop it in again once it is written "
+        "(or raise the inbox's max_settle_wait_seconds)",
+        error_type="StillGrowing",
+    )
+
+
 def poisoned(attempts: int) -> DocumentFailed:
     return DocumentFailed(
         "crash",
@@ -127,6 +137,7 @@ class Job:
     inbox: Inbox
     path: Path | None = None  # a ready file in the inbox, still to be claimed
     claim: Claim | None = None  # or a claim recovered from the work area
+    failure: DocumentFailed | None = None  # known to fail before it is read
 
 
 class Daemon:
@@ -289,10 +300,12 @@ class Daemon:
 
     def collect_ready_files(self) -> None:
         for inbox in self.inboxes:
-            for path in inbox.tracker.ready():
-                if path not in self._queued:
-                    self._queued.add(path)
-                    self._jobs.append(Job(inbox, path=path))
+            for ready in inbox.tracker.ready():
+                if ready.path in self._queued:
+                    continue
+                self._queued.add(ready.path)
+                failure = still_growing(inbox.config) if ready.still_growing else None
+                self._jobs.append(Job(inbox, path=ready.path, failure=failure))
 
     def rescan(self) -> None:
         for inbox in self.inboxes:
@@ -326,7 +339,7 @@ class Daemon:
             if claim is None:
                 self._document_slots.release()
                 continue
-            task = asyncio.create_task(self.process(job.inbox, claim))
+            task = asyncio.create_task(self.process(job.inbox, claim, job.failure))
             self._documents.add(task)
             task.add_done_callback(self._document_finished)
 
@@ -360,7 +373,9 @@ class Daemon:
         elif error is not None:
             self.log.error("document.crashed", error=repr(error))
 
-    async def process(self, inbox: Inbox, claim: Claim) -> None:
+    async def process(
+        self, inbox: Inbox, claim: Claim, failure: DocumentFailed | None = None
+    ) -> None:
         """One claimed document from its work folder to done/ or failed/."""
         log = get_logger(doc=claim.id, path=claim.state.relative_path)
         resumed = await self._settle(lambda: inbox.settler.resume(claim), log)
@@ -368,14 +383,17 @@ class Daemon:
             log.info("document.settled", outcome=resumed.outcome, resumed=True)
             return
         started = time.monotonic()
-        if claim.state.attempts >= POISON_ATTEMPTS:
+        if failure is None and claim.state.attempts >= POISON_ATTEMPTS:
             failure = poisoned(claim.state.attempts)
+        if failure is not None:
             await self._settle(lambda: self._fail(inbox, claim, failure, started, log), log)
             return
         log.info("document.started", attempt=claim.start_attempt())
         try:
             outcome = await self._convert(inbox, claim, log)
-            if isinstance(outcome, DocumentFailed):
+            if not claim.path.exists():
+                self._vanished(inbox, claim, log)
+            elif isinstance(outcome, DocumentFailed):
                 await self._settle(lambda: self._fail(inbox, claim, outcome, started, log), log)
             else:
                 await self._settle(lambda: self._succeed(inbox, claim, outcome, started, log), log)
@@ -384,6 +402,15 @@ class Daemon:
             claim.save()
             log.warning("document.interrupted", action="left in the work area for the next start")
             raise
+
+    def _vanished(self, inbox: Inbox, claim: Claim, log: FilteringBoundLogger) -> None:
+        """Someone deleted the original from the work area: there is nothing to settle."""
+        log.warning(
+            "document.vanished",
+            reason="the original was deleted from the work area while it was processed",
+            action="no output is written for it",
+        )
+        claim.release()
 
     async def _convert(
         self, inbox: Inbox, claim: Claim, log: FilteringBoundLogger

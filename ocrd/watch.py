@@ -58,9 +58,15 @@ def scan(inbox: InboxConfig) -> Iterator[Path]:
 
 @dataclass
 class _Observed:
-    size: int
-    mtime_ns: int
+    signature: tuple[int, int, int]  # size, mtime, inode: a file replaced by another changes
     stable_since: float
+    first_seen: float
+
+
+@dataclass(frozen=True)
+class Ready:
+    path: Path
+    still_growing: bool = False  # never settled within max_settle_wait_seconds
 
 
 class SettleTracker:
@@ -80,8 +86,9 @@ class SettleTracker:
         if path not in self._candidates:
             self._candidates[path] = None
 
-    def ready(self) -> list[Path]:
-        """Candidates that stayed unchanged long enough; they leave the tracker."""
+    def ready(self) -> list[Ready]:
+        """Candidates that stayed unchanged long enough, or that kept changing for longer
+        than the inbox's max_settle_wait_seconds; they leave the tracker."""
         now = self.clock()
         ready = []
         for path, seen in list(self._candidates.items()):
@@ -89,11 +96,16 @@ class SettleTracker:
             if info is None:
                 del self._candidates[path]
                 continue
-            if seen is None or (seen.size, seen.mtime_ns) != (info.st_size, info.st_mtime_ns):
-                self._candidates[path] = _Observed(info.st_size, info.st_mtime_ns, now)
-            elif now - seen.stable_since >= self.inbox.settle_seconds:
+            signature = (info.st_size, info.st_mtime_ns, info.st_ino)
+            if seen is None or seen.signature != signature:
+                first_seen = now if seen is None else seen.first_seen
+                self._candidates[path] = seen = _Observed(signature, now, first_seen)
+            if now - seen.stable_since >= self.inbox.settle_seconds:
                 del self._candidates[path]
-                ready.append(path)
+                ready.append(Ready(path))
+            elif now - seen.first_seen >= self.inbox.max_settle_wait_seconds:
+                del self._candidates[path]
+                ready.append(Ready(path, still_growing=True))
         return ready
 
     def _regular_file_stat(self, path: Path) -> os.stat_result | None:

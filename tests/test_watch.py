@@ -60,7 +60,7 @@ async def collect_ready(config: InboxConfig, actions, seconds: float) -> list[Pa
 
         async def tick() -> None:
             while True:
-                ready.extend(tracker.ready())
+                ready.extend(r.path for r in tracker.ready())
                 await asyncio.sleep(0.1)
 
         ticker = asyncio.create_task(tick())
@@ -125,7 +125,7 @@ def test_a_file_written_slowly_is_ready_only_after_it_stops_changing(tmp_path: P
         writer = asyncio.create_task(actions())
         try:
             for _ in range(60):
-                found = tracker.ready()
+                found = [r.path for r in tracker.ready()]
                 if found:
                     ready.extend(found)
                     loop_ready.append(loop.time())
@@ -159,3 +159,44 @@ def test_symlinks_and_fifos_are_left_in_place(
     ready = asyncio.run(collect_ready(config, actions, 1.5))
     assert ready == []
     assert (inbox / "link.pdf").is_symlink() and (inbox / "pipe.pdf").exists()
+
+
+def test_a_file_replaced_by_another_of_the_same_size_and_mtime_settles_again(
+    tmp_path: Path,
+) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    now = [0.0]
+    tracker = SettleTracker(inbox_config(inbox), clock=lambda: now[0])
+    path = inbox / "scan.pdf"
+    path.write_bytes(b"%PDF-1.4 first ")
+    stamp = path.stat().st_mtime_ns
+    tracker.observe(path)
+    assert tracker.ready() == []
+    now[0] = 0.5
+    replacement = inbox / ".incoming"
+    replacement.write_bytes(b"%PDF-1.4 other ")  # same size, and the same mtime below
+    os.utime(replacement, ns=(stamp, stamp))
+    os.replace(replacement, path)
+    now[0] = 0.7  # past the 0.6 s settle time of the first file, not of its replacement
+    assert tracker.ready() == []
+    now[0] = 1.4
+    assert [r.path for r in tracker.ready()] == [path]
+
+
+def test_a_file_that_never_stops_growing_is_given_up_on(tmp_path: Path) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    now = [0.0]
+    tracker = SettleTracker(inbox_config(inbox, max_settle_wait_seconds=3), clock=lambda: now[0])
+    path = inbox / "endless.pdf"
+    tracker.observe(path)
+    for step in range(1, 8):
+        with path.open("ab") as handle:
+            handle.write(b"more")
+        now[0] = step * 0.5
+        found = tracker.ready()
+        if found:
+            break
+    assert [(r.path, r.still_growing) for r in found] == [(path, True)]
+    assert 3.0 <= now[0] <= 3.5  # the limit counts from the first look at the file
