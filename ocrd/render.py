@@ -213,15 +213,17 @@ def _worker_main(conn: multiprocessing.connection.Connection, limits: RenderLimi
                 conn.send(("ok", None))
         except RenderError as error:
             conn.send(("error", str(error), error.page))
-        except MemoryError:
+        except Exception as error:  # MemoryError, MuPDF's own errors, anything else
             page = request[1] if request[0] == "render" else None
-            where = f"page {page}" if page else "the document"
-            conn.send(
-                ("error", f"rendering {where} needs more than {limits.memory_limit_mb} MB", page)
-            )
-        except Exception as error:
-            page = request[1] if request[0] == "render" else None
-            conn.send(("error", f"{type(error).__name__}: {error}", page))
+            if isinstance(error, MemoryError) or "malloc" in str(error):
+                where = f"page {page}" if page else "the document"
+                message = (
+                    f"rendering {where} needs more than the {limits.memory_limit_mb} MB "
+                    "a renderer may use (pipeline.render_memory_limit_mb)"
+                )
+            else:
+                message = f"{type(error).__name__}: {error}"
+            conn.send(("error", message, page))
 
 
 # --- the parent side ----------------------------------------------------------------------

@@ -2,86 +2,33 @@
 
 from __future__ import annotations
 
-import random
-import shutil
+import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import CORPUS, files_under, wait_until, write_config
+from conftest import write_config
 from helpers import make_pdf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from check_invariants import check
+from kill_loop import kill_loop
 
 pytestmark = pytest.mark.slow
 
 KILLS = 50
 
 
-def make_backlog(inputs: Path, rng: random.Random) -> None:
-    """PDFs of 1 to 4 pages, same names in different folders, and a few bad files."""
-    for index in range(24):
-        folder = inputs / ("a" if index % 3 else "b")
-        folder.mkdir(parents=True, exist_ok=True)
-        make_pdf(folder / f"doc{index % 8}-{index}.pdf", rng.randint(1, 4), label=f"File {index}")
-    (inputs / "a" / "same.pdf").parent.mkdir(exist_ok=True)
-    make_pdf(inputs / "a" / "same.pdf", 2, label="A")
-    make_pdf(inputs / "b" / "same.pdf", 2, label="B")
-    (inputs / "a" / "notes.pdf").write_text("not a PDF at all")
-    (inputs / "b" / "empty.pdf").touch()
-    shutil.copy(CORPUS / "hostile" / "qpdf__bad1.pdf", inputs / "b" / "hostile.pdf")
-
-
-def test_kill_loop_keeps_every_invariant(tmp_path: Path, start_daemon) -> None:
-    rng = random.Random(20261122)
-    backlog = tmp_path / "backlog"
-    make_backlog(backlog, rng)
-    config = write_config(
-        tmp_path,
-        {"settle_seconds": 0.2, "layout_file": True, "keep_raw": True},
-        engine={"kind": "simulated", "simulated": {"seconds_per_page": 0.1, "capacity": 4}},
-        pipeline={"max_documents_in_flight": 3, "rescan_interval_seconds": 1},
-    )
-    data = tmp_path / "data"
-    dropped = tmp_path / "dropped"  # a copy of everything that went into the inbox
-    rounds = 0
-
-    def drop_backlog() -> None:
-        nonlocal rounds
-        rounds += 1
-        shutil.copytree(backlog, dropped / f"round{rounds}")
-        shutil.copytree(backlog, data / "inbox" / f"round{rounds}")
-
-    def idle() -> bool:
-        return not files_under(data / "inbox") and not any((data / "work").iterdir())
-
-    drop_backlog()
-    for _ in range(KILLS):
-        if idle():
-            drop_backlog()  # keep the daemon busy for every kill
-        daemon = start_daemon(config)
-        daemon.wait_for("daemon.ready", timeout=60)
-        time.sleep(rng.uniform(0.05, 1.0))
-        daemon.process.send_signal(signal.SIGKILL)
-        daemon.process.wait(timeout=30)
-
-    final = start_daemon(config)
-    final.wait_for("daemon.ready", timeout=60)
-    wait_until(idle, 300, "the backlog to drain")
-    assert final.stop() == 0
-
-    problems, summary = check(
-        dropped, data / "inbox", data / "outbox", data / "done", data / "failed", data / "work"
-    )
-    assert problems == [], "\n".join(problems)
-    print(f"{KILLS} kills over {rounds} backlogs: {summary}")
-    inputs = 29 * rounds
-    assert summary["inputs"] == summary["done"] + summary["failed"] == inputs
-    assert summary["markdown"] == summary["done"]
-    assert summary["failed"] >= 3 * rounds  # at least the three bad files of each round
+def test_kill_loop_keeps_every_invariant(tmp_path: Path) -> None:
+    """50 SIGKILLs at random moments; then each input is once in done/ or failed/, each
+    done/ original has one complete Markdown, and nothing is left or orphaned."""
+    result = kill_loop(tmp_path, kills=KILLS, documents=24, seed=20261122)
+    print(json.dumps({k: v for k, v in result.items() if k != "problems"}))
+    assert result["problems"] == [], "\n".join(result["problems"])
+    assert result["final_exit_code"] == 0
+    assert result["inputs"] == result["expected_inputs"] == result["done"] + result["failed"]
+    assert result["markdown"] == result["done"] > 0
+    assert result["failed"] >= 3 * result["backlogs"]  # at least the three bad files
 
 
 def test_a_long_document_killed_half_way_resumes_where_it_stopped(

@@ -121,3 +121,22 @@ def test_a_renderer_that_crashes_fails_the_page_with_a_reason(corpus: Path) -> N
             worker.shutdown()
 
     asyncio.run(run())
+
+
+def test_a_page_that_needs_too_much_memory_fails_and_the_worker_goes_on(tmp_path: Path) -> None:
+    from helpers import make_pdf
+
+    pdf = make_pdf(tmp_path / "big.pdf", 1)
+
+    async def run() -> None:
+        worker = RenderWorker(RenderLimits(memory_limit_mb=600, max_page_pixels=10**10))
+        try:
+            await worker.open(pdf, InputFormat.pdf, RenderSettings(dpi=600, max_image_side=10000))
+            with pytest.raises(RenderError, match=r"page 1 needs more than the 600 MB"):
+                await worker.render(1)
+            await worker.open(pdf, InputFormat.pdf, RenderSettings(dpi=72))
+            assert (await worker.render(1)).image.size == (420, 595)
+        finally:
+            worker.shutdown()
+
+    asyncio.run(run())
