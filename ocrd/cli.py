@@ -11,6 +11,7 @@ import click
 from ocrd import __version__
 from ocrd.config import Config, ConfigError, EngineConfig, PipelineConfig, load_config
 from ocrd.log import configure_logging
+from ocrd.pipeline import DocumentSettings
 
 ENGINES = click.Choice(["auto", "vllm", "rapidocr", "simulated"])
 config_option = click.option(
@@ -48,6 +49,17 @@ def _load(path: Path) -> Config:
     except ConfigError as error:
         click.echo(f"ocrd: {error}", err=True)
         sys.exit(2)
+
+
+def _one_off_options(
+    config_path: Path | None,
+) -> tuple[EngineConfig, PipelineConfig, DocumentSettings]:
+    """Engine, pipeline and document settings for convert and rerender: the config's, with
+    its first inbox's document options, or the defaults without a config."""
+    if config_path is None:
+        return EngineConfig(), PipelineConfig(), DocumentSettings()
+    config = _load(config_path)
+    return config.engine, config.pipeline, DocumentSettings.of(config.inboxes[0])
 
 
 @click.group()
@@ -96,19 +108,9 @@ def convert(
 ) -> None:
     """Convert FILES once, leaving them untouched; exit 1 if any failed."""
     from ocrd.convert import convert_files
-    from ocrd.pipeline import DocumentSettings
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
-    if config_path:
-        config = _load(config_path)
-        engine_config, pipeline_config = config.engine, config.pipeline
-        settings = DocumentSettings.of(config.inboxes[0])
-    else:
-        engine_config, pipeline_config, settings = (
-            EngineConfig(),
-            PipelineConfig(),
-            DocumentSettings(),
-        )
+    engine_config, pipeline_config, settings = _one_off_options(config_path)
     if engine:
         engine_config = engine_config.model_copy(update={"kind": engine})
     failed = asyncio.run(convert_files(list(files), out, engine_config, pipeline_config, settings))
@@ -139,16 +141,13 @@ def rerender(
     The pages are rendered with the settings of the config's first inbox (or the defaults),
     as the daemon rendered them, so figures are cropped from the same pixels.
     """
-    from ocrd.pipeline import DocumentFailed, DocumentSettings
+    from ocrd.pipeline import DocumentFailed
     from ocrd.render import RenderLimits
     from ocrd.rerender import RawFileError
     from ocrd.rerender import rerender as rerender_document
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
-    settings, pipeline = DocumentSettings(), PipelineConfig()
-    if config_path:
-        config = _load(config_path)
-        settings, pipeline = DocumentSettings.of(config.inboxes[0]), config.pipeline
+    _, pipeline, settings = _one_off_options(config_path)
     try:
         files = asyncio.run(
             rerender_document(document, raw, out, settings, RenderLimits.of(pipeline))

@@ -100,17 +100,22 @@ def _link_new(source: Path, target: Path) -> None:
     os.unlink(source)
 
 
+def _durable_temporary(folder: Path, data: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_path(folder)
+    with temporary.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return temporary
+
+
 def write_new_file(target: Path, data: bytes) -> None:
     """Write `target` durably: temporary file, fsync, then link into place.
 
     A reader sees either no file or the whole file. Raises FileExistsError if `target` exists.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = temporary_path(target.parent)
-    with temporary.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    temporary = _durable_temporary(target.parent, data)
     try:
         _link_new(temporary, target)
     finally:
@@ -120,13 +125,7 @@ def write_new_file(target: Path, data: bytes) -> None:
 
 def replace_file(target: Path, data: bytes) -> None:
     """Atomically replace `target` (for ocrd's own state files, which it may overwrite)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = temporary_path(target.parent)
-    with temporary.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, target)
+    os.replace(_durable_temporary(target.parent, data), target)
     fsync_dir(target.parent)
 
 
