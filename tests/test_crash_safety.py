@@ -59,3 +59,28 @@ def test_a_long_document_killed_half_way_resumes_where_it_stopped(
     markdown = (data / "outbox" / "long.md").read_text()
     assert all(f"<!-- page {n} -->" in markdown for n in range(2, pages + 1))
     assert markdown.count("# Simulated page") == pages
+
+
+def test_a_document_that_crashed_the_daemon_twice_is_set_aside(
+    tmp_path: Path, start_daemon
+) -> None:
+    engine = {"kind": "simulated", "simulated": {"seconds_per_page": 5.0}}
+    config = write_config(tmp_path, engine=engine)
+    data = tmp_path / "data"
+    make_pdf(data / "inbox" / "poison.pdf", 2)
+    for _ in range(2):  # the daemon dies while the document is in flight, twice
+        daemon = start_daemon(config)
+        daemon.wait_for("document.opened", timeout=60)
+        daemon.process.send_signal(signal.SIGKILL)
+        daemon.process.wait(timeout=30)
+
+    third = start_daemon(config)
+    make_pdf(data / "inbox" / "healthy.pdf", 1)
+    [summary] = third.wait_for("document.finished", timeout=60, path="poison.pdf")
+    third.wait_for("document.finished", timeout=60, path="healthy.pdf")
+    assert third.stop() == 0
+    assert summary["outcome"] == "failed" and summary["stage"] == "crash"
+    report = json.loads((data / "failed" / "poison.error.json").read_text())
+    assert report["message"].startswith("crashed the daemon twice")
+    assert report["attempts"] == 2 and report["error_type"] == "PoisonDocument"
+    assert (data / "done" / "healthy.pdf").exists()
