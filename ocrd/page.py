@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,19 @@ class PageResult:
         """Blocks for the layout file: the engine's own where it has them (RapidOCR's lines)."""
         return list(self.text.blocks) if self.text.blocks is not None else self.blocks
 
+    @cached_property
+    def _loops(self) -> bool:
+        # Tens of milliseconds on a long page: computed once, asked for by several writers.
+        return looks_repetitive(self.text.text)
+
     @property
     def unfinished(self) -> bool:
         """Stopped before its end (token limit, repetition stop) or ending in a loop."""
-        return not self.text.finished or looks_repetitive(self.text.text)
+        return not self.text.finished or self._loops
 
     @property
     def finish_reason(self) -> str:
-        if self.text.finished and looks_repetitive(self.text.text):
+        if self.text.finished and self._loops:
             return "repetition"
         return self.text.finish_reason
 
