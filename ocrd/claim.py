@@ -41,6 +41,7 @@ class Settlement:
     markdown: str | None = None
     error_report: str | None = None
     error: dict[str, Any] | None = None
+    naming: str = "original"  # or "safe", "flat": where the target refused the name
 
 
 @dataclass
@@ -49,7 +50,10 @@ class ClaimState:
     inbox: str
     relative_path: str
     claimed_at: str
+    # Attempts that started and did not end cleanly: the running one, and any during which
+    # the daemon or its engine died. A clean stop takes its attempt back.
     attempts: int = 0
+    alone: bool = False  # the last attempt ran with no other document in flight
     settlement: Settlement | None = None
 
 
@@ -84,10 +88,21 @@ class Claim:
     def save(self) -> None:
         replace_file(self.folder / STATE_FILE, json.dumps(asdict(self.state), indent=2).encode())
 
-    def start_attempt(self) -> int:
+    def start_attempt(self, alone: bool = False) -> int:
         self.state.attempts += 1
+        self.state.alone = alone
         self.save()
         return self.state.attempts
+
+    def end_attempt_cleanly(self) -> None:
+        """A clean stop (shutdown, outage) is no evidence against the document."""
+        self.state.attempts = max(0, self.state.attempts - 1)
+        self.save()
+
+    @property
+    def struck(self) -> bool:
+        """The daemon or its engine died while this document was in flight."""
+        return self.state.attempts > 0
 
     def plan(self, settlement: Settlement) -> None:
         self.state.settlement = settlement

@@ -10,8 +10,8 @@ import click
 
 from ocrd import __version__
 from ocrd.config import Config, ConfigError, EngineConfig, PipelineConfig, load_config
+from ocrd.domain import DocumentSettings
 from ocrd.log import configure_logging
-from ocrd.pipeline import DocumentSettings
 
 ENGINES = click.Choice(["auto", "vllm", "rapidocr", "simulated"])
 config_option = click.option(
@@ -141,7 +141,7 @@ def rerender(
     The pages are rendered with the settings of the config's first inbox (or the defaults),
     as the daemon rendered them, so figures are cropped from the same pixels.
     """
-    from ocrd.pipeline import DocumentFailed
+    from ocrd.domain import DocumentFailed
     from ocrd.render import RenderLimits
     from ocrd.rerender import RawFileError
     from ocrd.rerender import rerender as rerender_document

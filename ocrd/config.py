@@ -48,6 +48,7 @@ class InboxConfig(Strict):
     poll_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
     prompt: PromptMode = PromptMode.layout
     dpi: Annotated[int, Field(ge=36, le=600)] = 144
+    figure_dpi: Annotated[int, Field(ge=36, le=1200)] | None = None  # None: twice `dpi`
     max_image_side: Annotated[int, Field(ge=256, le=10000)] = 2048
     passwords: tuple[str, ...] = ()
     page_separator: str = "\n\n<!-- page {page} -->\n\n"
@@ -109,7 +110,7 @@ class OpenAiConfig(Strict):
     model: str = "deepseek-ai/DeepSeek-OCR-2"
     api_key_env: str = "OCRD_OPENAI_API_KEY"
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
-    max_concurrency: Annotated[int, Field(ge=1)] = 64
+    max_concurrency: Annotated[int, Field(ge=1)] = 64  # per server
     retries: Annotated[int, Field(ge=0)] = 5
     retry_backoff_seconds: Annotated[float, Field(gt=0)] = 1.0
 
@@ -135,10 +136,20 @@ class EngineConfig(Strict):
     simulated: SimulatedConfig = SimulatedConfig()
 
 
+Auto = Literal["auto"]
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 class PipelineConfig(Strict):
-    max_documents_in_flight: Annotated[int, Field(ge=1)] = 8
-    max_pages_in_flight: Annotated[int, Field(ge=1)] = 64
-    render_workers: Annotated[int, Field(ge=1)] = 2
+    max_documents_in_flight: Annotated[int, Field(ge=1)] | Auto = "auto"
+    max_pages_in_flight: Annotated[int, Field(ge=1)] | Auto = "auto"
+    render_workers: Annotated[int, Field(ge=1)] | Auto = "auto"
     page_render_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
     page_retries: Annotated[int, Field(ge=0)] = 2
     page_retry_backoff_seconds: Annotated[float, Field(ge=0)] = 2.0
@@ -147,6 +158,23 @@ class PipelineConfig(Strict):
     rescan_interval_seconds: Annotated[float, Field(gt=0)] = 60.0
     shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
     status_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+    def pages_in_flight_for(self, engine_capacity: int) -> int:
+        """`auto`: the engine's whole batch, plus a quarter more rendered and waiting, so a
+        finished page's successor is already there (measured in BENCHMARKS.md)."""
+        if self.max_pages_in_flight != "auto":
+            return self.max_pages_in_flight
+        return engine_capacity + max(4, engine_capacity // 4)
+
+    def documents_in_flight_for(self, engine_capacity: int) -> int:
+        """`auto`: enough that a small file is claimed while books are being read."""
+        if self.max_documents_in_flight != "auto":
+            return self.max_documents_in_flight
+        return max(32, engine_capacity)
+
+    def render_workers_for(self) -> int:
+        """`auto`: one per CPU this process may run on."""
+        return available_cpus() if self.render_workers == "auto" else self.render_workers
 
 
 class Config(Strict):

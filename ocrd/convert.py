@@ -11,10 +11,11 @@ import tempfile
 from pathlib import Path, PurePath
 
 from ocrd.config import EngineConfig, PipelineConfig
+from ocrd.domain import DocumentFailed, DocumentSettings
 from ocrd.engines import EngineDeadError, choose_engine, create_engine
 from ocrd.files import free_name
 from ocrd.log import get_logger
-from ocrd.pipeline import DocumentFailed, DocumentSettings, Pipeline
+from ocrd.pipeline import Pipeline
 from ocrd.settle import ERROR_SUFFIX, error_report, write_report
 from ocrd.write import markdown_target, write_document
 
@@ -32,8 +33,10 @@ async def convert_files(
     log.info("engine.selected", engine=choice.kind, reason=choice.reason)
     engine = create_engine(engine_config, choice.kind)
     await engine.start()
-    pipeline = Pipeline.create(engine, pipeline_config)
-    documents = asyncio.Semaphore(pipeline_config.max_documents_in_flight)
+    pipeline = Pipeline.create(engine, pipeline_config, settings.render.max_image_side)
+    documents = asyncio.Semaphore(
+        pipeline_config.documents_in_flight_for(engine.max_concurrency)
+    )
     out.mkdir(parents=True, exist_ok=True)
 
     async def convert_one(path: Path) -> bool:

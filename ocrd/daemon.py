@@ -2,65 +2,46 @@
 
 Data flows one way through it: watch (a file becomes ready), claim (it moves into the work
 area), convert (render and recognise), write (Markdown into the outbox) and settle (the
-original into done/ or failed/).
+original into done/ or failed/). What happens to one document is `ocrd/document.py`'s job;
+this module owns the loop that feeds documents to it.
+
+Serving is one main loop. Each tick collects the files that became ready, claims and starts
+documents, watches the engine, and at their intervals rescans the inboxes, reports status
+and pings systemd's watchdog: a stuck or dead loop stops the pings, and systemd restarts
+the service. An unexpected error in a tick is logged with its traceback and ends the daemon
+with exit status 70, as does a dead in-process engine. An unreachable inference fleet ends
+nothing: dispatching pauses until it answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from ocrd.claim import Claim, WorkArea
-from ocrd.config import Config, InboxConfig
-from ocrd.engines import Engine, EngineDeadError, choose_engine, create_engine
+from ocrd.config import Config
+from ocrd.document import Documents, Inbox, still_growing
+from ocrd.domain import DocumentFailed, DocumentSettings, PageResult
+from ocrd.engines import Engine, EngineDeadError, EngineState, choose_engine, create_engine
 from ocrd.files import remove_stale_temporaries
-from ocrd.log import FilteringBoundLogger, get_logger
+from ocrd.log import get_logger
 from ocrd.notify import SystemdNotifier
-from ocrd.page import PageJournal
-from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings, Pipeline
+from ocrd.pipeline import Pipeline
 from ocrd.settle import Settler
-from ocrd.watch import InboxWatcher, SettleTracker
-
-T = TypeVar("T")
+from ocrd.watch import InboxWatcher, SettleTracker, stat_all
 
 EXIT_OK = 0
 EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
 EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStatus=78)
 
-TICK_SECONDS = 0.5
-POISON_ATTEMPTS = 2  # attempts that never finished: the daemon died during each
+TICK_SECONDS = 0.1
 HEALTH_CHECK_SECONDS = 2.0
-STORAGE_RETRY_FIRST_SECONDS = 1.0
-STORAGE_RETRY_MAX_SECONDS = 60.0
-
-
-def still_growing(inbox: InboxConfig) -> DocumentFailed:
-    return DocumentFailed(
-        "detect",
-        f"the file was still being written {inbox.max_settle_wait_seconds:g} s after it "
-        "appeared, so it was never complete; drop it in again once it is written "
-        "(or raise the inbox's max_settle_wait_seconds)",
-        error_type="StillGrowing",
-    )
-
-
-def poisoned(attempts: int) -> DocumentFailed:
-    return DocumentFailed(
-        "crash",
-        f"crashed the daemon twice: the daemon or its engine died while this file was being "
-        f"processed ({attempts} attempts), so it was set aside to keep other files moving; "
-        "check the log around its earlier attempts, then drop it into the inbox again",
-        error_type="PoisonDocument",
-    )
 
 
 class StartupError(Exception):
@@ -110,7 +91,7 @@ class Throughput:
         self.window = window_seconds
         self._times: deque[float] = deque()
 
-    def add(self, *_: object) -> None:
+    def add(self, _: PageResult | None = None) -> None:
         self._times.append(time.monotonic())
 
     def pages_per_second(self) -> float:
@@ -120,16 +101,20 @@ class Throughput:
         return len(self._times) / self.window
 
 
-@dataclass
-class Inbox:
-    """One configured inbox and the parts that serve it."""
+class LoopLag:
+    """How late the main loop's sleeps wake up: the event loop's responsiveness."""
 
-    config: InboxConfig
-    work: WorkArea
-    tracker: SettleTracker
-    settler: Settler
-    settings: DocumentSettings
-    watcher: InboxWatcher | None = None
+    def __init__(self) -> None:
+        self.worst_since_report = 0.0
+        self.worst = 0.0
+
+    def record(self, seconds: float) -> None:
+        self.worst_since_report = max(self.worst_since_report, seconds)
+        self.worst = max(self.worst, seconds)
+
+    def take_report(self) -> float:
+        worst, self.worst_since_report = self.worst_since_report, 0.0
+        return worst
 
 
 @dataclass
@@ -139,6 +124,11 @@ class Job:
     claim: Claim | None = None  # or a claim recovered from the work area
     failure: DocumentFailed | None = None  # known to fail before it is read
 
+    @property
+    def needs_isolation(self) -> bool:
+        """Struck by a crash, and not yet tried alone: it runs with nothing else in flight."""
+        return self.claim is not None and self.claim.struck and not self.claim.state.alone
+
 
 class Daemon:
     def __init__(self, config: Config, engine_kind: str | None = None) -> None:
@@ -147,16 +137,20 @@ class Daemon:
         self.log = get_logger()
         self.notifier = SystemdNotifier()
         self.throughput = Throughput()
+        self.lag = LoopLag()
         self.exit_code = EXIT_OK
-        self.storage_fault: str | None = None
         self.inboxes: list[Inbox] = []
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
+        self.documents: Documents | None = None
+        self.max_documents = 1
         self._stop = asyncio.Event()
         self._jobs: deque[Job] = deque()
         self._queued: set[Path] = set()
-        self._documents: set[asyncio.Task[None]] = set()
-        self._document_slots = asyncio.Semaphore(config.pipeline.max_documents_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._isolated: asyncio.Task[None] | None = None
+        self._engine_state = EngineState.loading
+        self._last_watchdog = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -170,10 +164,13 @@ class Daemon:
         self.install_signal_handlers()
         try:
             await self.start_engine()
-            self.start_inboxes()
+            await self.start_inboxes()
             self.notifier.ready(self.status_line())
             self.log.info("daemon.ready", inboxes=[str(i.config.path) for i in self.inboxes])
             await self.serve()
+        except Exception:
+            self.log.exception("daemon.failed", action="exiting so that systemd restarts ocrd")
+            self.exit_code = EXIT_FATAL
         finally:
             await self.drain()
             await self.stop()
@@ -192,7 +189,7 @@ class Daemon:
     def request_stop(self, signum: int | None = None) -> None:
         if not self._stop.is_set():
             name = signal.Signals(signum).name if signum else None
-            self.log.info("daemon.stopping", signal=name, documents_in_flight=len(self._documents))
+            self.log.info("daemon.stopping", signal=name, documents_in_flight=len(self._tasks))
             self._stop.set()
 
     async def start_engine(self) -> None:
@@ -208,12 +205,19 @@ class Daemon:
         self.log.info(
             "engine.ready", engine=choice.kind, seconds=round(time.monotonic() - started, 1)
         )
-        self.pipeline = Pipeline.create(self.engine, self.config.pipeline)
+        self.watch_engine()
+        side = max(inbox.max_image_side for inbox in self.config.inboxes)
+        self.pipeline = Pipeline.create(self.engine, self.config.pipeline, side)
         self.pipeline.on_page_done.append(self.throughput.add)
+        self.max_documents = self.config.pipeline.documents_in_flight_for(
+            self.engine.max_concurrency
+        )
+        self.documents = Documents(self.pipeline, self.engine.name)
+        self.documents.on_storage_fault.append(lambda _: self.report_status())
+        await self.pipeline.renderers.warm_up()
 
-    def start_inboxes(self) -> None:
+    async def start_inboxes(self) -> None:
         assert self.engine is not None
-        loop = asyncio.get_running_loop()
         for config in self.config.inboxes:
             inbox = Inbox(
                 config=config,
@@ -222,45 +226,50 @@ class Daemon:
                 settler=Settler(config, self.engine.name),
                 settings=DocumentSettings.of(config),
             )
-            for folder in (config.outbox, config.done, config.failed):
-                if folder.is_dir():
-                    remove_stale_temporaries(folder)
-            for claim in inbox.work.recover():
-                self.log.info("document.recovered", doc=claim.id, path=claim.state.relative_path)
+            claims = await asyncio.to_thread(self._prepare_folders, inbox)
+            for claim in claims:
+                self.log.info(
+                    "document.recovered",
+                    doc=claim.id,
+                    path=claim.state.relative_path,
+                    attempts=claim.state.attempts,
+                )
                 self._jobs.append(Job(inbox, claim=claim))
-            inbox.watcher = InboxWatcher(config, loop, inbox.tracker.observe)
-            inbox.watcher.start()
+            inbox.watcher = InboxWatcher(config, asyncio.get_running_loop(), inbox.tracker.observe)
+            await inbox.watcher.start()
             self.log.info("inbox.watching", inbox=str(config.path), polling=config.polling)
             self.inboxes.append(inbox)
 
+    @staticmethod
+    def _prepare_folders(inbox: Inbox) -> list[Claim]:
+        """Sweep temporaries a killed run left; the claims it left, oldest first."""
+        for folder in (inbox.config.outbox, inbox.config.done, inbox.config.failed):
+            if folder is not None and folder.is_dir():
+                remove_stale_temporaries(folder)
+        return inbox.work.recover()
+
     async def serve(self) -> None:
-        loops = [
-            self._every(TICK_SECONDS, self.collect_ready_files),
-            self._every(self.config.pipeline.rescan_interval_seconds, self.rescan),
-            self._every(self.config.pipeline.status_interval_seconds, self.report_status),
-            self._every(HEALTH_CHECK_SECONDS, self.check_engine),
-            self.dispatch(),
-        ]
-        interval = self.notifier.watchdog_interval
-        if interval:
-            loops.append(self._every(interval, self.notifier.watchdog))
-        tasks = [asyncio.create_task(loop) for loop in loops]
-        try:
-            await self._stop.wait()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        tick = 0
+        while not self._stop.is_set():
+            before = loop.time()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), TICK_SECONDS)
+            self.lag.record(max(0.0, loop.time() - before - TICK_SECONDS))
+            if self._stop.is_set():
+                break
+            await self.on_tick(tick)
+            tick += 1
 
     async def drain(self) -> None:
         """No new files; in-flight documents get the grace period, the rest stay claimed."""
-        self.notifier.stopping(f"draining {len(self._documents)} documents")
+        self.notifier.stopping(f"draining {len(self._tasks)} documents")
         for inbox in self.inboxes:
             if inbox.watcher is not None:
                 inbox.watcher.stop()
-        if self._documents:
+        if self._tasks:
             grace = self.config.pipeline.shutdown_grace_seconds
-            _, pending = await asyncio.wait(self._documents, timeout=grace)
+            _, pending = await asyncio.wait(self._tasks, timeout=grace)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -270,17 +279,62 @@ class Daemon:
             self.pipeline.renderers.shutdown()
         if self.engine is not None:
             await self.engine.stop()
-        self.log.info("daemon.stopped", exit_code=self.exit_code)
+        self.log.info(
+            "daemon.stopped", exit_code=self.exit_code, loop_lag_worst_ms=self._ms(self.lag.worst)
+        )
 
     # --- serving -----------------------------------------------------------------------
 
+    async def on_tick(self, tick: int) -> None:
+        """Everything the main loop does; per-file problems are handled where they occur."""
+        await self.collect_ready_files()
+        self.watch_engine()
+        await self.dispatch()
+        if self._due(tick, self.config.pipeline.rescan_interval_seconds):
+            for inbox in self.inboxes:
+                if inbox.watcher is not None:
+                    await inbox.watcher.rescan()
+        if self._due(tick, self.config.pipeline.status_interval_seconds):
+            self.report_status()
+        if self._due(tick, HEALTH_CHECK_SECONDS):
+            await self.check_engine()
+        self.ping_watchdog()
+
     @staticmethod
-    async def _every(seconds: float, action: Callable[[], object]) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            outcome = action()
-            if inspect.isawaitable(outcome):
-                await outcome
+    def _due(tick: int, seconds: float) -> bool:
+        return tick % max(1, round(seconds / TICK_SECONDS)) == 0
+
+    async def collect_ready_files(self) -> None:
+        for inbox in self.inboxes:
+            paths = inbox.tracker.due()
+            if not paths:
+                continue
+            outcomes = await asyncio.to_thread(stat_all, paths)
+            for ready in inbox.tracker.settle(outcomes):
+                if ready.path in self._queued:
+                    continue
+                self._queued.add(ready.path)
+                failure = still_growing(inbox.config) if ready.still_growing else None
+                self._jobs.append(Job(inbox, path=ready.path, failure=failure))
+
+    def watch_engine(self) -> None:
+        """Log the engine's changes of state; a dead engine ends the daemon."""
+        assert self.engine is not None
+        health = self.engine.health
+        if health.state is self._engine_state:
+            return
+        previous, self._engine_state = self._engine_state, health.state
+        if health.state is EngineState.unreachable:
+            self.log.error(
+                "engine.unreachable",
+                since=_clock(health.since),
+                error=health.problem,
+                action="files wait in the inbox and claimed pages wait; nothing fails; "
+                "ocrd probes the servers and resumes by itself",
+            )
+        elif health.state is EngineState.ready and previous is EngineState.unreachable:
+            self.log.info("engine.reachable", outage_seconds=round(time.time() - health.since))
+        self.report_status()
 
     async def check_engine(self) -> None:
         assert self.engine is not None
@@ -298,58 +352,42 @@ class Daemon:
         self.exit_code = EXIT_FATAL
         self._stop.set()
 
-    def collect_ready_files(self) -> None:
-        for inbox in self.inboxes:
-            for ready in inbox.tracker.ready():
-                if ready.path in self._queued:
-                    continue
-                self._queued.add(ready.path)
-                failure = still_growing(inbox.config) if ready.still_growing else None
-                self._jobs.append(Job(inbox, path=ready.path, failure=failure))
-
-    def rescan(self) -> None:
-        for inbox in self.inboxes:
-            if inbox.watcher is not None:
-                inbox.watcher.rescan()
-
-    def status_line(self) -> str:
-        fault = f"STORAGE FAULT, retrying: {self.storage_fault}; " if self.storage_fault else ""
-        for inbox in self.inboxes:
-            if inbox.watcher is not None and inbox.watcher.missing:
-                fault += f"INBOX MISSING: {inbox.config.path}; "
-        waiting = len(self._jobs) + sum(len(inbox.tracker) for inbox in self.inboxes)
-        pages = self.pipeline.pages_in_flight if self.pipeline else 0
-        return fault + (
-            f"{waiting} waiting, {len(self._documents)} documents ({pages} pages) in flight, "
-            f"{self.throughput.pages_per_second():.2f} pages/s"
-        )
-
-    def report_status(self) -> None:
-        self.notifier.status(self.status_line())
-
     async def dispatch(self) -> None:
-        """Claim ready files and start their documents, as many at once as configured."""
-        while True:
-            if not self._jobs:
-                await asyncio.sleep(TICK_SECONDS / 5)
-                continue
-            await self._document_slots.acquire()
-            job = self._jobs.popleft()
-            claim = job.claim or self._claim(job)
+        """Claim ready files and start their documents, while there is room and the engine
+        takes pages. A document struck by a crash runs alone: it waits for the others to
+        finish, and nothing starts beside it."""
+        assert self.engine is not None and self.documents is not None
+        while self._jobs and len(self._tasks) < self.max_documents:
+            if self._stop.is_set() or self.engine.health.state is not EngineState.ready:
+                return
+            if self._isolated is not None:
+                return
+            job = self._jobs[0]
+            alone = job.needs_isolation
+            if alone and self._tasks:
+                return
+            self._jobs.popleft()
+            claim = job.claim or await self._claim(job)
             if claim is None:
-                self._document_slots.release()
                 continue
-            task = asyncio.create_task(self.process(job.inbox, claim, job.failure))
-            self._documents.add(task)
+            task = asyncio.create_task(self.documents.run(job.inbox, claim, job.failure, alone))
+            self._tasks.add(task)
             task.add_done_callback(self._document_finished)
+            if alone:
+                self._isolated = task
 
-    def _claim(self, job: Job) -> Claim | None:
+    async def _claim(self, job: Job) -> Claim | None:
         assert job.path is not None
         self._queued.discard(job.path)
         try:
-            claim = job.inbox.work.claim(job.path)
+            claim = await asyncio.to_thread(job.inbox.work.claim, job.path)
         except OSError as error:
-            self.log.error("file.claim_failed", path=str(job.path), error=str(error))
+            self.log.error(
+                "file.claim_failed",
+                path=str(job.path),
+                error=str(error),
+                action="left in the inbox; the next rescan tries again",
+            )
             return None
         if claim is None:
             self.log.info("file.vanished", path=str(job.path), reason="gone before it was claimed")
@@ -363,145 +401,70 @@ class Daemon:
         return claim
 
     def _document_finished(self, task: asyncio.Task[None]) -> None:
-        self._documents.discard(task)
-        self._document_slots.release()
+        self._tasks.discard(task)
+        if task is self._isolated:
+            self._isolated = None
         if task.cancelled():
             return
         error = task.exception()
         if isinstance(error, EngineDeadError):
             self.engine_died(error)
-        elif error is not None:
-            self.log.error("document.crashed", error=repr(error))
-
-    async def process(
-        self, inbox: Inbox, claim: Claim, failure: DocumentFailed | None = None
-    ) -> None:
-        """One claimed document from its work folder to done/ or failed/."""
-        log = get_logger(doc=claim.id, path=claim.state.relative_path)
-        resumed = await self._settle(lambda: inbox.settler.resume(claim), log)
-        if resumed is not None:
-            log.info("document.settled", outcome=resumed.outcome, resumed=True)
-            return
-        started = time.monotonic()
-        if failure is None and claim.state.attempts >= POISON_ATTEMPTS:
-            failure = poisoned(claim.state.attempts)
-        if failure is not None:
-            await self._settle(lambda: self._fail(inbox, claim, failure, started, log), log)
-            return
-        log.info("document.started", attempt=claim.start_attempt())
-        try:
-            outcome = await self._convert(inbox, claim, log)
-            if not claim.path.exists():
-                self._vanished(inbox, claim, log)
-            elif isinstance(outcome, DocumentFailed):
-                await self._settle(lambda: self._fail(inbox, claim, outcome, started, log), log)
-            else:
-                await self._settle(lambda: self._succeed(inbox, claim, outcome, started, log), log)
-        except asyncio.CancelledError:
-            claim.state.attempts -= 1  # a clean shutdown is not a crash
-            claim.save()
-            log.warning("document.interrupted", action="left in the work area for the next start")
-            raise
-
-    def _vanished(self, inbox: Inbox, claim: Claim, log: FilteringBoundLogger) -> None:
-        """Someone deleted the original from the work area: there is nothing to settle."""
-        log.warning(
-            "document.vanished",
-            reason="the original was deleted from the work area while it was processed",
-            action="no output is written for it",
-        )
-        claim.release()
-
-    async def _convert(
-        self, inbox: Inbox, claim: Claim, log: FilteringBoundLogger
-    ) -> DocumentResult | DocumentFailed:
-        assert self.pipeline is not None
-        try:
-            journal = PageJournal(claim.journal)
-            return await self.pipeline.convert(
-                claim.path, inbox.settings, claim.scratch, log, journal
+        elif error is not None:  # the state machine itself failed: a bug; restart clean
+            self.log.error(
+                "document.crashed",
+                error=repr(error),
+                exc_info=error,
+                action="exiting so that systemd restarts ocrd; the claim stays",
             )
-        except DocumentFailed as failure:
-            return failure
-        except (EngineDeadError, asyncio.CancelledError):
-            raise
-        except Exception as error:  # a bug in ocrd must cost one document, not the daemon
-            log.exception("document.internal_error")
-            return DocumentFailed("internal", repr(error), None, type(error).__name__)
+            self.exit_code = EXIT_FATAL
+            self._stop.set()
 
-    async def _settle(self, action: Callable[[], T], log: FilteringBoundLogger) -> T:
-        """Run a settlement step; storage faults (disk full, read-only, missing folder) are
-        retried with backoff, the original safe in the work area, until they clear."""
-        delay = STORAGE_RETRY_FIRST_SECONDS
-        while True:
-            try:
-                value = action()
-            except OSError as error:
-                self.storage_fault = str(error)
-                log.error(
-                    "storage.fault",
-                    error=str(error),
-                    retry_in_seconds=delay,
-                    action="the original stays in the work area; ocrd retries until this clears",
-                )
-                self.report_status()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, STORAGE_RETRY_MAX_SECONDS)
-                continue
-            if self.storage_fault is not None:
-                log.info("storage.recovered")
-                self.storage_fault = None
-            return value
+    # --- reporting -----------------------------------------------------------------------
 
-    def _succeed(
-        self,
-        inbox: Inbox,
-        claim: Claim,
-        result: DocumentResult,
-        started: float,
-        log: FilteringBoundLogger,
-    ) -> None:
-        try:
-            settlement = inbox.settler.done(claim, result, inbox.settings)
-        except OSError:
-            raise
-        except Exception as error:  # a bug in writing costs this document only
-            log.exception("document.internal_error", stage="write")
-            failure = DocumentFailed("write", repr(error), None, type(error).__name__)
-            self._fail(inbox, claim, failure, started, log)
-            return
-        pages = len(result.pages)
-        log.info(
-            "document.finished",
-            outcome="done",
-            pages=pages,
-            seconds=round(result.seconds, 3),
-            pages_per_second=round(pages / result.seconds, 3) if result.seconds else None,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            finish_reasons=result.finish_reasons(),
-            unfinished_pages=result.unfinished_pages,
-            retried_pages=result.retried_pages,
-            markdown=settlement.markdown,
-            original=settlement.original,
+    @property
+    def waiting(self) -> int:
+        return len(self._jobs) + sum(len(inbox.tracker) for inbox in self.inboxes)
+
+    def status_line(self) -> str:
+        problems = []
+        if self.engine is not None and self.engine.health.state is EngineState.unreachable:
+            health = self.engine.health
+            problems.append(
+                f"INFERENCE FLEET UNREACHABLE since {_clock(health.since)}, retrying: "
+                f"{health.problem}"
+            )
+        if self.documents is not None and self.documents.storage.fault:
+            problems.append(f"STORAGE FAULT, retrying: {self.documents.storage.fault}")
+        for inbox in self.inboxes:
+            if inbox.watcher is not None and inbox.watcher.missing:
+                problems.append(f"INBOX MISSING: {inbox.config.path}")
+        pages = self.pipeline.pages_in_flight if self.pipeline else 0
+        return "".join(f"{p}; " for p in problems) + (
+            f"{self.waiting} waiting, {len(self._tasks)} documents ({pages} pages) in flight, "
+            f"{self.throughput.pages_per_second():.2f} pages/s"
         )
 
-    def _fail(
-        self,
-        inbox: Inbox,
-        claim: Claim,
-        failure: DocumentFailed,
-        started: float,
-        log: FilteringBoundLogger,
-    ) -> None:
-        settlement = inbox.settler.failed(claim, failure)
-        log.warning(
-            "document.finished",
-            outcome="failed",
-            stage=failure.stage,
-            page=failure.page,
-            reason=failure.message,
-            seconds=round(time.monotonic() - started, 3),
-            original=settlement.original,
-            error_report=settlement.error_report,
+    def report_status(self) -> None:
+        self.notifier.status(self.status_line())
+        self.log.debug(
+            "daemon.status",
+            waiting=self.waiting,
+            documents_in_flight=len(self._tasks),
+            pages_in_flight=self.pipeline.pages_in_flight if self.pipeline else 0,
+            loop_lag_worst_ms=self._ms(self.lag.take_report()),
         )
+
+    def ping_watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval
+        now = time.monotonic()
+        if interval and now - self._last_watchdog >= interval:
+            self._last_watchdog = now
+            self.notifier.watchdog()
+
+    @staticmethod
+    def _ms(seconds: float) -> float:
+        return round(seconds * 1000, 1)
+
+
+def _clock(wall: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall))

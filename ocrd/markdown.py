@@ -19,7 +19,11 @@ from ocrd.grounding import Block
 _ANY_TAG = re.compile(r"<\|/?[a-z_]{1,20}\|>|<｜[^｜\n]{1,40}｜>")
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _TABLE = re.compile(r"<table\b.*?(?:</table>|\Z)", re.DOTALL | re.IGNORECASE)
-_REPEATING_TAIL = re.compile(r"(.{4,200}?)(?:\s*\1){7,}\s*\Z", re.DOTALL)
+_WHITESPACE = re.compile(r"\s+")
+LOOP_WINDOW = 4000  # characters at the end of a page that are looked at for a loop
+LOOP_MAX_UNIT = 200  # longest repeating passage recognised, in non-space characters
+LOOP_MIN_REPEATS = 8
+LOOP_MIN_SPAN = 24  # a short unit must cover at least this many characters ("----" is no loop)
 
 
 def scrub_tags(text: str) -> str:
@@ -32,8 +36,21 @@ def scrub_tags(text: str) -> str:
 
 
 def looks_repetitive(text: str) -> bool:
-    """True when the text ends in the same passage over and over: a repetition loop."""
-    return bool(_REPEATING_TAIL.search(text[-4000:]))
+    """True when the text ends in the same passage over and over: a repetition loop.
+
+    Whitespace is ignored (the model varies it between repeats), and each possible passage
+    length is one string comparison: microseconds, where a backtracking regex took tens of
+    milliseconds on a long page.
+    """
+    tail = _WHITESPACE.sub("", text[-LOOP_WINDOW:])
+    for unit in range(1, LOOP_MAX_UNIT + 1):
+        repeats = max(LOOP_MIN_REPEATS, -(-LOOP_MIN_SPAN // unit))
+        span = unit * repeats
+        if span > len(tail):
+            return False
+        if tail[-span:] == tail[-unit:] * repeats:
+            return True
+    return False
 
 
 class _TableReader(HTMLParser):

@@ -1,4 +1,4 @@
-"""One recognised page: the engine's text, its blocks, its figures and whether it finished.
+"""One recognised page: the engine's text, its blocks, which of them are figures, its journal.
 
 The same assembly serves the daemon (text from the engine) and `ocrd rerender` (text from a
 raw file), so both write the same output for the same text.
@@ -8,51 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ocrd.config import PromptMode
-from ocrd.engines.base import PageText
+from ocrd.domain import Figure, PageImage, PageResult, PageText
 from ocrd.grounding import Block, Box, parse_page
 from ocrd.markdown import looks_repetitive
-from ocrd.render import PageImage
 
-MIN_FIGURE_SIDE_PX = 16  # smaller crops are noise or degenerate boxes
+MIN_FIGURE_SIDE_PX = 16  # smaller boxes (on the engine's image) are noise or degenerate
 
-
-@dataclass
-class PageResult:
-    number: int
-    text: PageText
-    prompt: PromptMode
-    image_size: tuple[int, int]
-    page_size_pt: tuple[float, float]
-    blocks: list[Block]  # parsed from the text: what the Markdown and the figures come from
-    figures: dict[int, Path] = field(default_factory=dict)  # image block index: its crop
-    retried: bool = False
-
-    @property
-    def layout_blocks(self) -> list[Block]:
-        """Blocks for the layout file: the engine's own where it has them (RapidOCR's lines)."""
-        return list(self.text.blocks) if self.text.blocks is not None else self.blocks
-
-    @cached_property
-    def _loops(self) -> bool:
-        # Tens of milliseconds on a long page: computed once, asked for by several writers.
-        return looks_repetitive(self.text.text)
-
-    @property
-    def unfinished(self) -> bool:
-        """Stopped before its end (token limit, repetition stop) or ending in a loop."""
-        return not self.text.finished or self._loops
-
-    @property
-    def finish_reason(self) -> str:
-        if self.text.finished and self._loops:
-            return "repetition"
-        return self.text.finish_reason
+FigureBox = tuple[float, float, float, float]  # fractions (0..1) of the page
 
 
 def figure_box_px(box: Box, image_size: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -60,41 +26,33 @@ def figure_box_px(box: Box, image_size: tuple[int, int]) -> tuple[int, int, int,
     return round(x1), round(y1), round(x2), round(y2)
 
 
-def save_figures(page: PageImage, blocks: list[Block], folder: Path) -> dict[int, Path]:
-    """Crop every `image` block's first box out of the rendered page, as PNG files."""
-    figures: dict[int, Path] = {}
-    number = 0
-    for index, block in enumerate(blocks):
+def figure_regions(page: PageResult) -> dict[int, FigureBox]:
+    """Every `image` block's first box worth cutting, by block index, as page fractions."""
+    regions: dict[int, FigureBox] = {}
+    for index, block in enumerate(page.blocks):
         if block.label != "image" or not block.boxes:
             continue
-        left, top, right, bottom = figure_box_px(block.boxes[0], page.image.size)
+        left, top, right, bottom = figure_box_px(block.boxes[0], page.image_size)
         if right - left < MIN_FIGURE_SIDE_PX or bottom - top < MIN_FIGURE_SIDE_PX:
             continue
-        number += 1
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"page{page.number}-figure{number}.png"
-        page.image.crop((left, top, right, bottom)).save(path, format="PNG")
-        figures[index] = path
-    return figures
+        regions[index] = block.boxes[0].scaled(1.0, 1.0)
+    return regions
+
+
+def figure_name(page: int, number: int) -> str:
+    return f"page{page}-figure{number}.png"
 
 
 def assemble_page(
-    page: PageImage,
-    text: PageText,
-    prompt: PromptMode,
-    figures_folder: Path | None,
-    retried: bool = False,
+    page: PageImage, text: PageText, prompt: PromptMode, retried: bool = False
 ) -> PageResult:
-    blocks = parse_page(text.text)
-    figures = save_figures(page, blocks, figures_folder) if figures_folder else {}
     return PageResult(
         number=page.number,
         text=text,
         prompt=prompt,
         image_size=page.image.size,
         page_size_pt=(page.width_pt, page.height_pt),
-        blocks=blocks,
-        figures=figures,
+        blocks=parse_page(text.text),
         retried=retried,
     )
 
@@ -153,6 +111,24 @@ def text_from_record(record: dict[str, Any]) -> tuple[PageText, PromptMode, bool
     return text, prompt, bool(record.get("retried", False))
 
 
+def _figure_record(figure: Figure) -> dict[str, Any]:
+    return {
+        "name": figure.path.name,
+        "width": figure.width,
+        "height": figure.height,
+        "source_box": list(figure.source_box),
+        "source_dpi": figure.source_dpi,
+    }
+
+
+def _figure_from_record(value: dict[str, Any], folder: Path) -> Figure | None:
+    path = folder / value["name"]
+    if not path.is_file():
+        return None
+    box = value["source_box"]
+    return Figure(path, int(value["width"]), int(value["height"]), tuple(box), value["source_dpi"])
+
+
 class PageJournal:
     """Pages already recognised, appended as they finish, so that a document interrupted at
     page 200 of 300 continues there after a restart instead of at page 1."""
@@ -170,11 +146,11 @@ class PageJournal:
             try:  # the last line may be torn by a kill
                 record = json.loads(line)
                 text, prompt, retried = text_from_record(record)
-                figures = {
-                    int(index): figures_folder / name
-                    for index, name in record.get("figures", {}).items()
-                    if figures_folder is not None and (figures_folder / name).is_file()
-                }
+                figures = {}
+                for index, value in record.get("figures", {}).items():
+                    figure = _figure_from_record(value, figures_folder) if figures_folder else None
+                    if figure is not None:
+                        figures[int(index)] = figure
                 pages[int(record["page"])] = PageResult(
                     number=int(record["page"]),
                     text=text,
@@ -190,11 +166,12 @@ class PageJournal:
         return pages
 
     def append(self, page: PageResult) -> None:
+        """Blocking (an fsync): call it off the event loop."""
         record = {
             **page_record(page),
             "image_size": list(page.image_size),
             "page_size_pt": list(page.page_size_pt),
-            "figures": {str(index): path.name for index, path in page.figures.items()},
+            "figures": {str(i): _figure_record(f) for i, f in page.figures.items()},
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:

@@ -1,9 +1,11 @@
 """Render and recognise one document, many documents at a time.
 
 Pages go to the engine one by one as soon as they are rendered, so the engine's continuous
-batching sees pages from every document in flight. A global budget of page slots bounds
-how many pages are rendered but not yet recognised, so memory does not grow with a
-document's length or with the backlog. Results come back in page order.
+batching sees pages from every document in flight. A page holds a slot of the shared page
+budget from before it is rendered until the engine has answered; slots go to documents by
+the schedule in `ocrd/schedule.py`, which lets a short document past a long one. A slot is
+given back in its page task's done-callback, which runs on every path, also for a task
+cancelled before its first step. Results come back in page order.
 """
 
 from __future__ import annotations
@@ -11,92 +13,49 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-from ocrd.config import InboxConfig, PipelineConfig, PromptMode
-from ocrd.engines import Engine, EngineDeadError, EngineError, PageText
-from ocrd.log import FilteringBoundLogger, get_logger
-from ocrd.page import PageJournal, PageResult, assemble_page, better
-from ocrd.render import (
-    InputFormat,
+from ocrd.config import PipelineConfig, PromptMode
+from ocrd.domain import (
+    DocumentFailed,
+    DocumentResult,
+    DocumentSettings,
     PageImage,
-    RenderError,
-    RenderLimits,
-    RenderPool,
-    RenderSettings,
-    detect_format,
+    PageResult,
+    PageText,
+    Stage,
 )
-
-_INBOX_DEFAULTS = InboxConfig.model_fields
-
-
-@dataclass(frozen=True)
-class DocumentSettings:
-    """How one document is recognised and written: an inbox's per-document options."""
-
-    prompt: PromptMode = PromptMode.layout
-    render: RenderSettings = field(default_factory=RenderSettings)
-    page_separator: str = _INBOX_DEFAULTS["page_separator"].default
-    unfinished_pages: str = "done"  # or "failed": where a document with unfinished pages goes
-    retry_unfinished: bool = True
-    tables: str = "markdown"
-    figures: bool = True
-    layout_file: bool = False
-    keep_raw: bool = False
-    strip_headers_footers: bool = False
-
-    @classmethod
-    def of(cls, inbox: InboxConfig) -> DocumentSettings:
-        copied = {f.name: getattr(inbox, f.name) for f in fields(cls) if f.name != "render"}
-        render = RenderSettings(inbox.dpi, inbox.max_image_side, inbox.passwords)
-        return cls(**copied, render=render)
+from ocrd.engines import Engine, EngineDeadError, EngineError
+from ocrd.log import FilteringBoundLogger, get_logger
+from ocrd.page import PageJournal, assemble_page, better, figure_name, figure_regions
+from ocrd.render import Document, RenderError, RenderLimits, RenderPool, detect_format
+from ocrd.schedule import PageBudget, Ticket
 
 
-class DocumentFailed(Exception):
-    """The document cannot be converted; it goes to failed/ with this reason."""
+class Progress:
+    """A document's progress as the pipeline sees it, for status reports."""
 
-    def __init__(
-        self, stage: str, message: str, page: int | None = None, error_type: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.stage = stage
-        self.page = page
-        self.error_type = error_type or type(self).__name__
+    def __init__(self) -> None:
+        self.pages = 0  # known once the document is open
+        self.done = 0
+        self.started = time.monotonic()
 
-    @property
-    def message(self) -> str:
-        return str(self)
+    def page_done(self) -> None:
+        self.done += 1
 
 
 @dataclass
-class DocumentResult:
-    format: InputFormat
-    pages: list[PageResult]
-    seconds: float
+class _Run:
+    """One document on its way through the pipeline."""
 
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(page.text.prompt_tokens for page in self.pages)
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(page.text.completion_tokens for page in self.pages)
-
-    @property
-    def unfinished_pages(self) -> list[int]:
-        """Numbers of pages the engine stopped before their end (token limit, loop)."""
-        return [page.number for page in self.pages if page.unfinished]
-
-    @property
-    def retried_pages(self) -> list[int]:
-        return [page.number for page in self.pages if page.retried]
-
-    def finish_reasons(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for page in self.pages:
-            counts[page.finish_reason] = counts.get(page.finish_reason, 0) + 1
-        return counts
+    document: Document
+    settings: DocumentSettings
+    figures: Path | None  # where figures are cut to; None: no figures
+    log: FilteringBoundLogger
+    journal: PageJournal | None
+    ticket: Ticket
+    progress: Progress
 
 
 class Pipeline:
@@ -104,28 +63,33 @@ class Pipeline:
         self,
         engine: Engine,
         renderers: RenderPool,
-        max_pages_in_flight: int,
+        budget: PageBudget,
         page_retries: int = 0,
         retry_backoff_seconds: float = 0.0,
     ) -> None:
         self.engine = engine
         self.renderers = renderers
+        self.budget = budget
         self.page_retries = page_retries
         self.retry_backoff_seconds = retry_backoff_seconds
-        self._page_slots = asyncio.Semaphore(max_pages_in_flight)
-        self.pages_in_flight = 0
-        self.on_page_done: list[Callable[[PageText], None]] = []  # e.g. the throughput meter
+        self.on_page_done: list[Callable[[PageResult], None]] = []  # throughput, metrics
 
     @classmethod
-    def create(cls, engine: Engine, config: PipelineConfig) -> Pipeline:
-        pool = RenderPool(config.render_workers, RenderLimits.of(config))
-        return cls(
-            engine,
-            pool,
-            config.max_pages_in_flight,
-            config.page_retries,
-            config.page_retry_backoff_seconds,
+    def create(cls, engine: Engine, config: PipelineConfig, buffer_side: int = 2048) -> Pipeline:
+        """A pipeline sized for `engine` where the config says `auto`."""
+        pool = RenderPool(
+            config.render_workers_for(),
+            RenderLimits.of(config),
+            buffer_bytes=buffer_side * buffer_side * 3,
         )
+        budget = PageBudget(config.pages_in_flight_for(engine.max_concurrency))
+        return cls(
+            engine, pool, budget, config.page_retries, config.page_retry_backoff_seconds
+        )
+
+    @property
+    def pages_in_flight(self) -> int:
+        return self.budget.in_flight
 
     async def convert(
         self,
@@ -134,28 +98,34 @@ class Pipeline:
         scratch: Path,
         log: FilteringBoundLogger | None = None,
         journal: PageJournal | None = None,
+        progress: Progress | None = None,
+        arrival: float | None = None,
     ) -> DocumentResult:
         """Render and recognise every page of `path`; raises DocumentFailed with the reason.
 
-        Figure crops are written to `scratch` as pages come back, not kept in memory. Pages
-        found in `journal` are taken from it; each newly recognised page is added to it.
+        Figures are cut into `scratch` as pages come back, not kept in memory. Pages found in
+        `journal` are taken from it; each newly recognised page is added to it.
         """
         log = log or get_logger(path=str(path))
+        progress = progress or Progress()
         started = time.monotonic()
         try:
-            fmt = detect_format(path)
+            fmt = await asyncio.to_thread(detect_format, path)
         except RenderError as error:
-            raise DocumentFailed("detect", str(error), error_type="UnsupportedInput") from None
+            raise DocumentFailed(Stage.detect, str(error), error_type="UnsupportedInput") from None
         except OSError as error:
-            raise DocumentFailed("detect", f"cannot read the file: {error.strerror}") from None
+            raise DocumentFailed(Stage.detect, f"cannot read the file: {error.strerror}") from None
+        document = Document(path, fmt, settings.render)
         try:
-            pages = await self._render_and_recognise(path, fmt, settings, scratch, log, journal)
+            pages = await self._pages(document, settings, scratch, log, journal, progress, arrival)
         except BaseExceptionGroup as group:
             raise _document_failure(group) from None
+        except RenderError as error:
+            raise DocumentFailed(Stage.render, str(error), error.page, "RenderError") from None
         result = DocumentResult(fmt, pages, time.monotonic() - started)
         if result.unfinished_pages and settings.unfinished_pages == "failed":
             raise DocumentFailed(
-                "recognise",
+                Stage.recognise,
                 f"{_describe_unfinished(result)}; the inbox's unfinished_pages setting is "
                 "'failed' (set it to 'done' to keep such text with a marker)",
                 result.unfinished_pages[0],
@@ -163,71 +133,66 @@ class Pipeline:
             )
         return result
 
-    async def _render_and_recognise(
+    async def _pages(
         self,
-        path: Path,
-        fmt: InputFormat,
+        document: Document,
         settings: DocumentSettings,
         scratch: Path,
         log: FilteringBoundLogger,
         journal: PageJournal | None,
+        progress: Progress,
+        arrival: float | None,
     ) -> list[PageResult]:
         figures = scratch if settings.figures else None
-        done = journal.load(figures) if journal else {}
-        results: dict[int, PageResult] = {}
+        done = await asyncio.to_thread(journal.load, figures) if journal else {}
+        count = await self.renderers.open(document)
+        resumed = {number: page for number, page in done.items() if number <= count}
+        progress.pages, progress.done = count, len(resumed)
+        log.info(
+            "document.opened",
+            format=str(document.format),
+            pages=count,
+            resumed_pages=len(resumed),
+        )
+        run = _Run(
+            document,
+            settings,
+            figures,
+            log,
+            journal,
+            self.budget.ticket(count - len(resumed), arrival),
+            progress,
+        )
         tasks: dict[int, asyncio.Task[PageResult]] = {}
-        async with asyncio.TaskGroup() as group, self.renderers.worker() as renderer:
-            count = await renderer.open(path, fmt, settings.render)
-            resumed = [number for number in done if number <= count]
-            log.info("document.opened", format=str(fmt), pages=count, resumed_pages=len(resumed))
+        async with asyncio.TaskGroup() as group:
             for number in range(1, count + 1):
-                if number in done:
-                    results[number] = done[number]
+                if number in resumed:
                     continue
-                await self._page_slots.acquire()
+                await self.budget.acquire(run.ticket)
                 try:
-                    page = await renderer.render(number)
+                    task = group.create_task(self._page(run, number))
                 except BaseException:
-                    self._page_slots.release()
+                    self.budget.release(run.ticket)
                     raise
-                task = self._recognise(page, settings, figures, log, journal)
-                tasks[number] = group.create_task(task)
-        results.update((number, task.result()) for number, task in tasks.items())
+                task.add_done_callback(lambda _: self.budget.release(run.ticket))
+                tasks[number] = task
+        results = {**resumed, **{number: task.result() for number, task in tasks.items()}}
         return [results[number] for number in sorted(results)]
 
-    async def _recognise(
-        self,
-        page: PageImage,
-        settings: DocumentSettings,
-        figures: Path | None,
-        log: FilteringBoundLogger,
-        journal: PageJournal | None = None,
-    ) -> PageResult:
-        """One page through the engine; an unfinished layout page gets one plain-text retry."""
-        self.pages_in_flight += 1
-        try:
-            prompt = settings.prompt
-            text = await self._engine_text(page, prompt, log)
-            result = assemble_page(page, text, prompt, figures)
-            if result.unfinished and settings.retry_unfinished and prompt is PromptMode.layout:
-                log.info(
-                    "page.retrying",
-                    page=page.number,
-                    finish_reason=result.finish_reason,
-                    prompt=PromptMode.text.value,
-                )
-                retry = await self._engine_text(page, PromptMode.text, log)
-                if better(text, retry) is retry:
-                    result = assemble_page(page, retry, PromptMode.text, figures, retried=True)
-                else:
-                    result.retried = True
-        finally:
-            self.pages_in_flight -= 1
-            self._page_slots.release()
-        log.info(
+    async def _page(self, run: _Run, number: int) -> PageResult:
+        """One page: rendered, through the engine (an unfinished layout page gets one
+        plain-text retry), its figures cut from the source, journaled."""
+        page = await self.renderers.render(run.document, number)
+        result = await self._recognise(page, run)
+        del page  # the pixels are not needed past the engine
+        if run.figures is not None:
+            await cut_figures(self.renderers, run.document, result, run.settings, run.figures)
+        run.ticket.page_done()
+        run.progress.page_done()
+        run.log.info(
             "page.recognised",
-            page=page.number,
-            size=f"{page.image.width}x{page.image.height}",
+            page=number,
+            size=f"{result.image_size[0]}x{result.image_size[1]}",
             finish_reason=result.finish_reason,
             prompt=result.prompt.value,
             retried=result.retried,
@@ -236,27 +201,43 @@ class Pipeline:
             seconds=round(result.text.seconds, 3),
             engine_interval=result.text.engine_interval,
         )
-        if journal is not None:
-            journal.append(result)
+        if run.journal is not None:
+            await asyncio.to_thread(run.journal.append, result)
         for callback in self.on_page_done:
-            callback(result.text)
+            callback(result)
         return result
 
-    async def _engine_text(
-        self, page: PageImage, prompt: PromptMode, log: FilteringBoundLogger
-    ) -> PageText:
+    async def _recognise(self, page: PageImage, run: _Run) -> PageResult:
+        prompt = run.settings.prompt
+        text = await self._engine_text(page, prompt, run)
+        result = assemble_page(page, text, prompt)
+        if result.unfinished and run.settings.retry_unfinished and prompt is PromptMode.layout:
+            run.log.info(
+                "page.retrying",
+                page=page.number,
+                finish_reason=result.finish_reason,
+                prompt=PromptMode.text.value,
+            )
+            retry = await self._engine_text(page, PromptMode.text, run)
+            if better(text, retry) is retry:
+                return assemble_page(page, retry, PromptMode.text, retried=True)
+            result.retried = True
+        return result
+
+    async def _engine_text(self, page: PageImage, prompt: PromptMode, run: _Run) -> PageText:
         """The engine's text for a page; a failed request is retried with backoff."""
         delay = self.retry_backoff_seconds
         for attempt in range(1, self.page_retries + 2):
             try:
-                return await self.engine.recognise(page, prompt)
+                return await self.engine.recognise(page, prompt, self.budget.priority(run.ticket))
             except EngineError as error:
-                if attempt > self.page_retries:
+                if not error.retryable or attempt > self.page_retries:
                     raise EngineError(
-                        f"page {page.number} failed in the engine {attempt} times; last: {error}",
+                        f"page {page.number} failed in the engine"
+                        + (f" {attempt} times; last: {error}" if attempt > 1 else f": {error}"),
                         page=page.number,
                     ) from error
-                log.warning(
+                run.log.warning(
                     "page.engine_error",
                     page=page.number,
                     attempt=attempt,
@@ -266,6 +247,24 @@ class Pipeline:
                 await asyncio.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
+
+
+async def cut_figures(
+    renderers: RenderPool,
+    document: Document,
+    page: PageResult,
+    settings: DocumentSettings,
+    folder: Path,
+) -> None:
+    """Cut the page's figures from the source into `folder` (by the render workers)."""
+    regions = figure_regions(page)
+    if not regions:
+        return
+    names = [figure_name(page.number, n) for n in range(1, len(regions) + 1)]
+    cuts = await renderers.figures(
+        document, page.number, list(regions.values()), settings.figure_dpi, folder, names
+    )
+    page.figures = dict(zip(regions, cuts, strict=True))
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
@@ -283,9 +282,9 @@ def _document_failure(group: BaseExceptionGroup) -> BaseException:
             return error
     error = errors[0]
     if isinstance(error, RenderError):
-        return DocumentFailed("render", str(error), error.page, "RenderError")
+        return DocumentFailed(Stage.render, str(error), error.page, "RenderError")
     if isinstance(error, EngineError):
-        return DocumentFailed("recognise", str(error), error.page, "EngineError")
+        return DocumentFailed(Stage.recognise, str(error), error.page, "EngineError")
     return error  # a bug in ocrd: let it surface with its traceback
 
 

@@ -1,37 +1,43 @@
-"""Rendering: a document's pages as RGB images, one page at a time, in worker processes.
+"""Rendering: pages as RGB images, and figures cut from the source, in worker processes.
 
 PDF parsing is the dangerous part of the pipeline (hostile files hang, crash or eat memory),
-so every document is opened in a child process with an address-space limit, and each page
-must come back within a time limit or the child is killed. The parent receives raw RGB
-pixels and wraps them as a PIL image: no encode/decode round trip on the way to the engine.
+so documents are opened only in child processes with an address-space limit, and every
+request must come back within a time limit or the child is killed.
+
+Each worker keeps a few documents open, so a document never holds a renderer while it waits
+for page slots: any worker renders any page, preferring one that has the document open.
+Page pixels come back through a buffer the worker and the daemon share (no pickling of
+megabytes through a pipe); figures are cut from the source at full resolution and written
+as PNG files by the worker, so encoding them costs the daemon's event loop nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import mmap
 import multiprocessing
 import multiprocessing.connection
+import os
 import resource
-from collections.abc import AsyncIterator
+import secrets
+import tempfile
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
 from ocrd.config import PipelineConfig
+from ocrd.domain import Figure, InputFormat, PageImage, RenderSettings
 
 WORKER_START_SECONDS = 60.0
-
-
-class InputFormat(StrEnum):
-    pdf = "pdf"
-    tiff = "tiff"
-    png = "png"
-    jpeg = "jpeg"
+OPEN_DOCUMENTS_PER_WORKER = 4
+FIGURE_PNG_LEVEL = 3  # zlib level for figure files: much faster than 6, a few % larger
 
 
 class RenderError(Exception):
@@ -57,23 +63,6 @@ class RenderLimits:
             config.render_memory_limit_mb,
             config.page_render_timeout_seconds,
         )
-
-
-@dataclass(frozen=True)
-class RenderSettings:
-    """How one document's pages are rasterised: resolution is what the engine pays for."""
-
-    dpi: int = 144
-    max_image_side: int = 2048
-    passwords: tuple[str, ...] = ()  # tried in turn on an encrypted PDF
-
-
-@dataclass(frozen=True)
-class PageImage:
-    number: int  # 1-based
-    image: Image.Image
-    width_pt: float  # the page's size in PDF points (72 per inch), for mapping boxes back
-    height_pt: float
 
 
 _SIGNATURES: tuple[tuple[bytes, InputFormat], ...] = (
@@ -105,6 +94,26 @@ def detect_format(path: Path) -> InputFormat:
 
 # --- the child process ------------------------------------------------------------------
 
+Box = tuple[float, float, float, float]  # a region as fractions (0..1) of the page
+# width, height, bytes of pixels, the pixels if they did not fit the shared buffer, page size
+Rendered = tuple[int, int, int, bytes | None, float, float]
+
+
+def _hand_over(pixels: memoryview | bytes, buffer: mmap.mmap) -> tuple[int, bytes | None]:
+    """Put a page's pixels where the daemon reads them: the shared buffer if they fit."""
+    size = len(pixels)
+    if size <= len(buffer):
+        buffer[:size] = pixels
+        return size, None
+    return size, bytes(pixels)
+
+
+def _write_png(image: Image.Image, path: Path) -> None:
+    """Write under a temporary name first: a killed worker never leaves a torn figure."""
+    partial = path.with_name(f".{path.name}.partial")
+    image.save(partial, format="PNG", compress_level=FIGURE_PNG_LEVEL)
+    os.replace(partial, path)
+
 
 class _PdfSource:
     def __init__(self, path: Path, settings: RenderSettings, limits: RenderLimits) -> None:
@@ -130,7 +139,7 @@ class _PdfSource:
     def _unlock(self) -> bool:
         return any(self.doc.authenticate(password) for password in ("", *self.settings.passwords))
 
-    def render(self, number: int) -> tuple[int, int, bytes, float, float]:
+    def render(self, number: int, buffer: mmap.mmap) -> Rendered:
         import pymupdf
 
         page = self.doc.load_page(number - 1)
@@ -148,7 +157,42 @@ class _PdfSource:
             )
         zoom = min(full, self.settings.max_image_side / longest)
         pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False, colorspace="rgb")
-        return pixmap.width, pixmap.height, bytes(pixmap.samples), rect.width, rect.height
+        # samples_mv points into the pixmap's memory: copy while the pixmap is alive.
+        size, payload = _hand_over(pixmap.samples_mv, buffer)
+        return pixmap.width, pixmap.height, size, payload, rect.width, rect.height
+
+    def figures(
+        self, number: int, boxes: Sequence[Box], dpi: float, folder: Path, names: Sequence[str]
+    ) -> list[Figure]:
+        """Each box rendered on its own at `dpi` (lower only where the pixel limit says)."""
+        import pymupdf
+
+        page = self.doc.load_page(number - 1)
+        rect = page.rect
+        cuts = []
+        for (x1, y1, x2, y2), name in zip(boxes, names, strict=True):
+            clip = pymupdf.Rect(
+                rect.x0 + x1 * rect.width,
+                rect.y0 + y1 * rect.height,
+                rect.x0 + x2 * rect.width,
+                rect.y0 + y2 * rect.height,
+            )
+            zoom = dpi / 72
+            pixels = clip.width * clip.height * zoom * zoom
+            if pixels > self.limits.max_page_pixels:
+                zoom *= (self.limits.max_page_pixels / pixels) ** 0.5
+            matrix = pymupdf.Matrix(zoom, zoom)
+            pixmap = page.get_pixmap(matrix=matrix, clip=clip, alpha=False, colorspace="rgb")
+            image = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples_mv)
+            _write_png(image, folder / name)
+            box = (
+                round((clip.x0 - rect.x0) * zoom),
+                round((clip.y0 - rect.y0) * zoom),
+                round((clip.x1 - rect.x0) * zoom),
+                round((clip.y1 - rect.y0) * zoom),
+            )
+            cuts.append(Figure(folder / name, image.width, image.height, box, round(zoom * 72, 2)))
+        return cuts
 
 
 class _RasterSource:
@@ -166,7 +210,7 @@ class _RasterSource:
             raise RenderError(f"cannot open the image: {error}") from None
         self.page_count = getattr(self.image, "n_frames", 1)
 
-    def render(self, number: int) -> tuple[int, int, bytes, float, float]:
+    def _frame(self, number: int) -> Image.Image:
         self.image.seek(number - 1)
         width, height = self.image.size
         if width * height > self.limits.max_page_pixels:
@@ -175,46 +219,98 @@ class _RasterSource:
                 f"{self.limits.max_page_pixels} pixels",
                 page=number,
             )
-        dpi = float(self.image.info.get("dpi", (72, 72))[0] or 72)  # may be a fraction
-        frame = self.image.convert("RGB")
+        return self.image.convert("RGB")
+
+    def _dpi(self) -> float:
+        return float(self.image.info.get("dpi", (72, 72))[0] or 72)  # may be a fraction
+
+    def render(self, number: int, buffer: mmap.mmap) -> Rendered:
+        frame = self._frame(number)
+        width, height = frame.size
+        dpi = self._dpi()
         scale = min(1.0, self.settings.max_image_side / max(width, height))
         if scale < 1.0:
             size = (max(1, round(width * scale)), max(1, round(height * scale)))
             frame = frame.resize(size, Image.Resampling.LANCZOS)
-        return frame.width, frame.height, frame.tobytes(), width * 72.0 / dpi, height * 72.0 / dpi
+        size, payload = _hand_over(frame.tobytes(), buffer)
+        return frame.width, frame.height, size, payload, width * 72.0 / dpi, height * 72.0 / dpi
+
+    def figures(
+        self, number: int, boxes: Sequence[Box], dpi: float, folder: Path, names: Sequence[str]
+    ) -> list[Figure]:
+        """Crops of the original pixels: a scan's figures at the resolution it was scanned."""
+        frame = self._frame(number)
+        width, height = frame.size
+        cuts = []
+        for (x1, y1, x2, y2), name in zip(boxes, names, strict=True):
+            box = (round(x1 * width), round(y1 * height), round(x2 * width), round(y2 * height))
+            crop = frame.crop(box)
+            _write_png(crop, folder / name)
+            cuts.append(Figure(folder / name, crop.width, crop.height, box, self._dpi()))
+        return cuts
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, limits: RenderLimits) -> None:
+Source = _PdfSource | _RasterSource
+DocumentKey = tuple[str, InputFormat, RenderSettings]  # what it takes to open a document
+
+
+def _source(key: DocumentKey, sources: OrderedDict[DocumentKey, Source], ctx: Any) -> Source:
+    """The open document for `key`, opened now if this worker does not have it (it may have
+    been restarted since); the least recently used is closed beyond the limit."""
+    if key in sources:
+        sources.move_to_end(key)
+        return sources[key]
+    path, fmt, settings = key
+    source_type = _PdfSource if fmt == InputFormat.pdf else _RasterSource
+    sources[key] = source_type(Path(path), settings, ctx.limits)
+    while len(sources) > OPEN_DOCUMENTS_PER_WORKER:
+        sources.popitem(last=False)
+    return sources[key]
+
+
+def _serve(request: tuple[Any, ...], sources: OrderedDict[DocumentKey, Source], ctx: Any) -> Any:
+    kind = request[0]
+    if kind == "ping":
+        return None
+    source = _source(request[1], sources, ctx)
+    if kind == "open":
+        return source.page_count
+    if kind == "render":
+        return source.render(request[2], ctx.buffer)
+    if kind == "figures":
+        _, _, number, boxes, dpi, folder, names = request
+        return source.figures(number, boxes, dpi, Path(folder), names)
+    raise ValueError(f"unknown request {kind!r}")
+
+
+@dataclass
+class _ChildContext:
+    limits: RenderLimits
+    buffer: mmap.mmap
+
+
+def _worker_main(
+    conn: multiprocessing.connection.Connection, limits: RenderLimits, buffer_path: str
+) -> None:
     import pymupdf  # noqa: F401  (imported before the first request's clock starts)
 
+    with open(buffer_path, "r+b") as handle:
+        buffer = mmap.mmap(handle.fileno(), 0)
     limit = limits.memory_limit_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    source: _PdfSource | _RasterSource | None = None
+    context = _ChildContext(limits, buffer)
+    sources: OrderedDict[DocumentKey, Source] = OrderedDict()
     while True:
         try:
             request = conn.recv()
         except (EOFError, KeyboardInterrupt):
             return
         try:
-            if request[0] == "open":
-                _, path, fmt, settings = request
-                if fmt == InputFormat.pdf:
-                    source = _PdfSource(Path(path), settings, limits)
-                else:
-                    source = _RasterSource(Path(path), settings, limits)
-                conn.send(("ok", source.page_count))
-            elif request[0] == "ping":
-                conn.send(("ok", None))
-            elif request[0] == "render":
-                assert source is not None
-                conn.send(("ok", source.render(request[1])))
-            else:
-                source = None
-                conn.send(("ok", None))
+            conn.send(("ok", _serve(request, sources, context)))
         except RenderError as error:
             conn.send(("error", str(error), error.page))
         except Exception as error:  # MemoryError, MuPDF's own errors, anything else
-            page = request[1] if request[0] == "render" else None
+            page = request[2] if request[0] in ("render", "figures") else None
             if isinstance(error, MemoryError) or "malloc" in str(error):
                 where = f"page {page}" if page else "the document"
                 message = (
@@ -229,47 +325,95 @@ def _worker_main(conn: multiprocessing.connection.Connection, limits: RenderLimi
 # --- the parent side ----------------------------------------------------------------------
 
 
-class RenderWorker:
-    """One child process that holds one open document at a time."""
+def _shared_folder() -> str:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
 
-    def __init__(self, limits: RenderLimits) -> None:
+
+class RenderWorker:
+    """One child process, the documents it has open, and the buffer it hands pixels in.
+
+    Requests go through one thread, so they are answered in order even when the task that
+    asked was cancelled meanwhile; a request that runs out of time kills the child, which is
+    started again for the next one.
+    """
+
+    def __init__(self, limits: RenderLimits, buffer_bytes: int) -> None:
         self.limits = limits
+        self.buffer_bytes = buffer_bytes
+        self.open: OrderedDict[DocumentKey, int] = OrderedDict()  # mirrors the child's cache
         self._context = multiprocessing.get_context("spawn")
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
+        self._buffer: mmap.mmap | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render-wait")
 
-    def _ensure_started(self) -> multiprocessing.connection.Connection:
-        if self._process is None or not self._process.is_alive() or self._conn is None:
-            self.kill()
+    # In the worker's thread:
+
+    def _ensure_started(self) -> None:
+        if self._process is not None and self._process.is_alive() and self._conn is not None:
+            return
+        self._cleanup()
+        path = os.path.join(_shared_folder(), f"ocrd-render-{os.getpid()}-{secrets.token_hex(4)}")
+        with open(path, "w+b") as handle:
+            handle.truncate(self.buffer_bytes)
+            buffer = mmap.mmap(handle.fileno(), self.buffer_bytes)
+        try:
             parent, child = self._context.Pipe()
-            self._process = self._context.Process(
-                target=_worker_main, args=(child, self.limits), daemon=True, name="ocrd-render"
+            process = self._context.Process(
+                target=_worker_main,
+                args=(child, self.limits, path),
+                daemon=True,
+                name="ocrd-render",
             )
-            self._process.start()
+            process.start()
             child.close()
-            self._conn = parent
-            parent.send(("ping",))  # returns once the child has imported its libraries
+            parent.send(("ping",))  # answered once the child has imported and mapped
             parent.recv()
-        return self._conn
+        finally:
+            os.unlink(path)  # both sides hold the mapping; nothing is left behind
+        self._process, self._conn, self._buffer = process, parent, buffer
+
+    def _cleanup(self) -> None:
+        if self._process is not None:
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        if self._buffer is not None:
+            self._buffer.close()
+        self._process = self._conn = self._buffer = None
 
     def _call(self, request: tuple[Any, ...]) -> Any:
-        conn = self._conn
-        if conn is None or self._process is None or not self._process.is_alive():
-            raise EOFError("the render process is gone")
-        conn.send(request)
-        reply = conn.recv()
+        self._ensure_started()
+        assert self._conn is not None
+        self._conn.send(request)
+        reply = self._conn.recv()
         if reply[0] == "error":
             raise RenderError(reply[1], page=reply[2])
+        if request[0] == "render":
+            return self._page_image(request[2], reply[1])
         return reply[1]
 
-    async def _request(self, request: tuple[Any, ...], what: str, page: int | None) -> Any:
+    def _page_image(self, number: int, reply: tuple[Any, ...]) -> PageImage:
+        width, height, size, payload, width_pt, height_pt = reply
+        if payload is None:
+            assert self._buffer is not None
+            with memoryview(self._buffer)[:size] as pixels:  # copied out before the next page
+                image = Image.frombytes("RGB", (width, height), pixels)
+        else:
+            image = Image.frombytes("RGB", (width, height), payload)
+        return PageImage(number, image, width_pt, height_pt)
+
+    # On the event loop:
+
+    async def request(self, request: tuple[Any, ...], what: str, page: int | None) -> Any:
         loop = asyncio.get_running_loop()
         try:
-            if request[0] == "open":  # starting a process is not the document's time
-                await asyncio.wait_for(
-                    loop.run_in_executor(self._thread, self._ensure_started), WORKER_START_SECONDS
-                )
+            await asyncio.wait_for(  # starting a process is not the document's time
+                loop.run_in_executor(self._thread, self._ensure_started), WORKER_START_SECONDS
+            )
             return await asyncio.wait_for(
                 loop.run_in_executor(self._thread, self._call, request),
                 timeout=self.limits.page_timeout_seconds,
@@ -280,64 +424,146 @@ class RenderWorker:
                 f"{what} took longer than {self.limits.page_timeout_seconds:g} s and was stopped",
                 page=page,
             ) from None
-        except (EOFError, ConnectionError, BrokenPipeError):
+        except (EOFError, ConnectionError, OSError):
             code = self._process.exitcode if self._process else None
             self.kill()
             raise RenderError(
                 f"the renderer crashed on {what} (exit code {code})", page=page
             ) from None
 
-    async def open(self, path: Path, fmt: InputFormat, settings: RenderSettings) -> int:
-        request = ("open", str(path), fmt, settings)
-        pages = await self._request(request, "opening the document", None)
+    async def open_document(self, key: DocumentKey) -> int:
+        """Open a document here (a page count): its first request's time limit is for
+        opening alone, and its pages then prefer this worker."""
+        if key in self.open:
+            self.open.move_to_end(key)
+            return self.open[key]
+        pages = await self.request(("open", key), "opening the document", None)
         if pages < 1:
             raise RenderError("the document has no pages")
+        self.open[key] = pages
+        while len(self.open) > OPEN_DOCUMENTS_PER_WORKER:
+            self.open.popitem(last=False)
         return pages
 
-    async def render(self, number: int) -> PageImage:
-        width, height, pixels, width_pt, height_pt = await self._request(
-            ("render", number), f"page {number}", number
-        )
-        image = Image.frombuffer("RGB", (width, height), pixels, "raw", "RGB", 0, 1)
-        return PageImage(number, image, width_pt, height_pt)
-
-    async def close_document(self) -> None:
-        if self._process is not None and self._process.is_alive():
-            try:
-                await self._request(("close",), "closing the document", None)
-            except RenderError:
-                self.kill()
-
     def kill(self) -> None:
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-            self._process.join(timeout=5)
-        if self._conn is not None:
-            self._conn.close()
-        self._process, self._conn = None, None
+        """Stop the child now (from the event loop); its thread cleans up before the next."""
+        self.open.clear()
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
 
     def shutdown(self) -> None:
         self.kill()
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._thread.submit(self._cleanup)
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document as the render pool knows it."""
+
+    path: Path
+    format: InputFormat
+    settings: RenderSettings
+
+    @property
+    def key(self) -> DocumentKey:
+        return (str(self.path), self.format, self.settings)
 
 
 class RenderPool:
-    """A fixed set of render workers; a document holds one while its pages are rendered."""
+    """A fixed set of render workers, each taken for one request at a time.
 
-    def __init__(self, size: int, limits: RenderLimits) -> None:
-        self._idle: asyncio.Queue[RenderWorker] = asyncio.Queue()
-        self._workers = [RenderWorker(limits) for _ in range(size)]
-        for worker in self._workers:
-            self._idle.put_nowait(worker)
+    A worker goes to the longest-waiting request, or where nobody waits, to the next request
+    that comes, preferring a worker that already has that request's document open. Hand-off
+    survives cancellation: a worker given to a request cancelled before it woke is passed on.
+    """
+
+    def __init__(self, size: int, limits: RenderLimits, buffer_bytes: int = 2048 * 2048 * 3):
+        self.limits = limits
+        self._workers = [RenderWorker(limits, buffer_bytes) for _ in range(size)]
+        self._idle: list[RenderWorker] = list(self._workers)
+        self._waiters: deque[asyncio.Future[RenderWorker]] = deque()
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def busy(self) -> int:
+        return len(self._workers) - len(self._idle)
+
+    async def warm_up(self) -> None:
+        """Start every worker now, so the first document does not wait for imports."""
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(loop.run_in_executor(w._thread, w._ensure_started) for w in self._workers)
+        )
+
+    def _take(self, key: DocumentKey | None) -> RenderWorker:
+        worker = next((w for w in self._idle if key in w.open), self._idle[0])
+        self._idle.remove(worker)
+        return worker
+
+    def _give_back(self, worker: RenderWorker) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(worker)
+                return
+        self._idle.append(worker)
+
+    async def _acquire(self, key: DocumentKey | None) -> RenderWorker:
+        if self._idle and not self._waiters:
+            return self._take(key)
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._give_back(waiter.result())  # handed over, but too late: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
 
     @asynccontextmanager
-    async def worker(self) -> AsyncIterator[RenderWorker]:
-        worker = await self._idle.get()
+    async def _worker(self, key: DocumentKey | None) -> AsyncIterator[RenderWorker]:
+        worker = await self._acquire(key)
         try:
             yield worker
         finally:
-            await asyncio.shield(worker.close_document())
-            self._idle.put_nowait(worker)
+            self._give_back(worker)  # synchronous: a second cancellation cannot lose it
+
+    async def open(self, document: Document) -> int:
+        """The document's page count; it stays open in a worker for its pages."""
+        async with self._worker(document.key) as worker:
+            return await worker.open_document(document.key)
+
+    async def render(self, document: Document, number: int) -> PageImage:
+        async with self._worker(document.key) as worker:
+            await worker.open_document(document.key)
+            return await worker.request(("render", document.key, number), f"page {number}", number)
+
+    async def figures(
+        self,
+        document: Document,
+        number: int,
+        boxes: Sequence[Box],
+        dpi: float,
+        folder: Path,
+        names: Sequence[str],
+    ) -> list[Figure]:
+        """Cut `boxes` of a page out of the source at `dpi` into `folder` as PNG files."""
+        folder.mkdir(parents=True, exist_ok=True)
+        request = ("figures", document.key, number, list(boxes), dpi, str(folder), list(names))
+        async with self._worker(document.key) as worker:
+            await worker.open_document(document.key)
+            return await worker.request(request, f"the figures of page {number}", number)
+
+    def worker_pids(self) -> list[int]:
+        return [w._process.pid for w in self._workers if w._process and w._process.pid]
 
     def shutdown(self) -> None:
         for worker in self._workers:

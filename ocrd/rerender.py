@@ -1,8 +1,9 @@
 """`ocrd rerender`: a document's output written again from the engine's raw text.
 
 The pages are rendered again exactly as the daemon renders them (same settings, so the same
-pixels and the same figure crops), and the raw lines of `<name>.raw.jsonl` stand in for the
-engine. Users who upgrade ocrd or change output options get new Markdown without a GPU.
+pixels and the same figures, cut from the source by the same render worker code), and the
+raw lines of `<name>.raw.jsonl` stand in for the engine. Users who upgrade ocrd or change
+output options get new Markdown without a GPU.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import tempfile
 from pathlib import Path
 
 from ocrd.config import PromptMode
-from ocrd.engines.base import PageText
+from ocrd.domain import DocumentFailed, DocumentResult, DocumentSettings, PageText, Stage
 from ocrd.page import assemble_page, text_from_record
-from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings
-from ocrd.render import RenderError, RenderLimits, RenderWorker, detect_format
+from ocrd.pipeline import cut_figures
+from ocrd.render import Document, RenderError, RenderLimits, RenderPool, detect_format
 from ocrd.write import OutputFiles, markdown_target, write_document
 
 
@@ -41,24 +42,27 @@ async def rerender(
 ) -> OutputFiles:
     """Write `<out>/<name>.md` (and its companions) for `document` from `raw`."""
     texts = read_raw(raw)
-    worker = RenderWorker(limits)
+    side = settings.render.max_image_side
+    pool = RenderPool(1, limits, buffer_bytes=side * side * 3)
     try:
         with tempfile.TemporaryDirectory(prefix="ocrd-rerender-") as scratch:
-            fmt = detect_format(document)
-            count = await worker.open(document, fmt, settings.render)
+            source = Document(document, detect_format(document), settings.render)
+            count = await pool.open(source)
             missing = sorted(set(range(1, count + 1)) - texts.keys())
             if missing:
                 raise RawFileError(f"{raw} has no line for page {missing[0]} of {document}")
-            figures = Path(scratch) if settings.figures else None
             pages = []
             for number in range(1, count + 1):
-                image = await worker.render(number)
+                image = await pool.render(source, number)
                 text, prompt, retried = texts[number]
-                pages.append(assemble_page(image, text, prompt, figures, retried))
-            result = DocumentResult(fmt, pages, 0.0)
+                page = assemble_page(image, text, prompt, retried)
+                if settings.figures:
+                    await cut_figures(pool, source, page, settings, Path(scratch))
+                pages.append(page)
+            result = DocumentResult(source.format, pages, 0.0)
             target = markdown_target(out, Path(document.name))
             return write_document(result, settings, target, document.name)
     except RenderError as error:
-        raise DocumentFailed("render", str(error), error.page, "RenderError") from None
+        raise DocumentFailed(Stage.render, str(error), error.page, "RenderError") from None
     finally:
-        worker.shutdown()
+        pool.shutdown()

@@ -2,19 +2,28 @@
 
 Events come from watchdog (inotify, or polling for SMB/NFS mounts where inotify is silent),
 from a scan at start-up and from a periodic rescan that catches whatever events missed.
-An event only makes a path a candidate; a candidate is ready once its size and mtime have
-stayed unchanged for the inbox's settle time, so a scanner or a slow copy is never read
-half-written.
+An event only makes a path a candidate; a candidate is ready once two looks at it
+`settle_seconds` apart found the same size, mtime and inode, so a scanner or a slow copy is
+never read half-written.
+
+Nothing here blocks the event loop: the daemon asks which candidates are due for a look,
+stats them in a thread, and hands the results back. A candidate is looked at only when an
+event arrived for it or its settle time is up, not every tick. A file whose stat fails with
+an OS error (EIO, ESTALE on a network share) is logged once and looked at again later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import fnmatch
+import heapq
+import itertools
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -25,6 +34,11 @@ from watchdog.observers.polling import PollingObserver
 
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, InboxConfig
 from ocrd.log import get_logger
+
+STAT_RETRY_FIRST_SECONDS = 1.0
+STAT_RETRY_MAX_SECONDS = 60.0
+
+StatOutcome = os.stat_result | OSError
 
 
 def is_candidate_name(relative: PurePath, inbox: InboxConfig) -> bool:
@@ -44,23 +58,40 @@ def is_candidate_name(relative: PurePath, inbox: InboxConfig) -> bool:
     return any(matches(p) for p in inbox.include) and not any(matches(p) for p in inbox.ignore)
 
 
-def scan(inbox: InboxConfig) -> Iterator[Path]:
-    """Every candidate path under the inbox (hidden folders are not entered)."""
-    for root, folders, files in os.walk(inbox.path):
+def scan(inbox: InboxConfig, root: Path | None = None) -> tuple[list[Path], list[OSError]]:
+    """Every candidate path under `root` (the inbox by default; hidden folders are not
+    entered), and the errors met on the way. Blocking: run it in a thread."""
+    found: list[Path] = []
+    errors: list[OSError] = []
+    for folder, folders, files in os.walk(root or inbox.path, onerror=errors.append):
         folders[:] = sorted(name for name in folders if not name.startswith("."))
         if not inbox.recursive:
             folders.clear()
         for name in sorted(files):
-            path = Path(root) / name
+            path = Path(folder) / name
             if is_candidate_name(path.relative_to(inbox.path), inbox):
-                yield path
+                found.append(path)
+    return found, errors
+
+
+def stat_all(paths: Iterable[Path]) -> dict[Path, StatOutcome]:
+    """lstat of each path, or the OSError it raised. Blocking: run it in a thread."""
+    outcomes: dict[Path, StatOutcome] = {}
+    for path in paths:
+        try:
+            outcomes[path] = path.lstat()
+        except OSError as error:
+            outcomes[path] = error
+    return outcomes
 
 
 @dataclass
-class _Observed:
-    signature: tuple[int, int, int]  # size, mtime, inode: a file replaced by another changes
-    stable_since: float
+class _Candidate:
     first_seen: float
+    signature: tuple[int, int, int] | None = None  # size, mtime, inode
+    stable_since: float = 0.0
+    due: float = 0.0  # when to look next
+    failures: int = 0  # stats in a row that raised an OS error
 
 
 @dataclass(frozen=True)
@@ -76,53 +107,102 @@ class SettleTracker:
         self.inbox = inbox
         self.clock = clock
         self.log = get_logger(inbox=str(inbox.path))
-        self._candidates: dict[Path, _Observed | None] = {}
+        self._candidates: dict[Path, _Candidate] = {}
+        self._due: list[tuple[float, int, Path]] = []  # a heap; stale entries are skipped
+        self._order = itertools.count()
         self._warned: set[Path] = set()
 
     def __len__(self) -> int:
         return len(self._candidates)
 
-    def observe(self, path: Path) -> None:
-        if path not in self._candidates:
-            self._candidates[path] = None
+    def oldest(self) -> float | None:
+        """When the longest-waiting candidate was first seen (monotonic), or None."""
+        return min((c.first_seen for c in self._candidates.values()), default=None)
 
-    def ready(self) -> list[Ready]:
-        """Candidates that stayed unchanged long enough, or that kept changing for longer
-        than the inbox's max_settle_wait_seconds; they leave the tracker."""
+    def paths(self) -> list[Path]:
+        return list(self._candidates)
+
+    def observe(self, path: Path) -> None:
+        """Something happened to `path` (an event, a scan): look at it at the next tick."""
+        now = self.clock()
+        candidate = self._candidates.setdefault(path, _Candidate(first_seen=now))
+        self._look_at(path, candidate, now)
+
+    def _look_at(self, path: Path, candidate: _Candidate, when: float) -> None:
+        candidate.due = when
+        heapq.heappush(self._due, (when, next(self._order), path))
+
+    def due(self) -> list[Path]:
+        """Candidates to stat now."""
+        now = self.clock()
+        paths: dict[Path, None] = {}
+        while self._due and self._due[0][0] <= now:
+            when, _, path = heapq.heappop(self._due)
+            candidate = self._candidates.get(path)
+            if candidate is not None and candidate.due == when:
+                paths[path] = None
+        return list(paths)
+
+    def settle(self, outcomes: dict[Path, StatOutcome]) -> list[Ready]:
+        """Take the stats of `due()`'s paths; the candidates that are ready leave the tracker."""
         now = self.clock()
         ready = []
-        for path, seen in list(self._candidates.items()):
-            info = self._regular_file_stat(path)
-            if info is None:
-                del self._candidates[path]
+        for path, outcome in outcomes.items():
+            candidate = self._candidates.get(path)
+            if candidate is None:
                 continue
-            signature = (info.st_size, info.st_mtime_ns, info.st_ino)
-            if seen is None or seen.signature != signature:
-                first_seen = now if seen is None else seen.first_seen
-                self._candidates[path] = seen = _Observed(signature, now, first_seen)
-            if now - seen.stable_since >= self.inbox.settle_seconds:
-                del self._candidates[path]
+            if isinstance(outcome, OSError):
+                if outcome.errno in (errno.ENOENT, errno.ENOTDIR):
+                    self._forget(path)
+                else:
+                    self._stat_failed(path, candidate, outcome, now)
+                continue
+            if not self._is_regular(path, outcome):
+                self._forget(path, keep_warning=True)
+                continue
+            if candidate.failures:
+                self.log.info("file.stat_recovered", path=str(path))
+                candidate.failures = 0
+            signature = (outcome.st_size, outcome.st_mtime_ns, outcome.st_ino)
+            if signature != candidate.signature:
+                candidate.signature, candidate.stable_since = signature, now
+            if now - candidate.stable_since >= self.inbox.settle_seconds:
+                self._forget(path)
                 ready.append(Ready(path))
-            elif now - seen.first_seen >= self.inbox.max_settle_wait_seconds:
-                del self._candidates[path]
+            elif now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
+                self._forget(path)
                 ready.append(Ready(path, still_growing=True))
+            else:
+                self._look_at(path, candidate, candidate.stable_since + self.inbox.settle_seconds)
         return ready
 
-    def _regular_file_stat(self, path: Path) -> os.stat_result | None:
-        try:
-            info = path.lstat()
-        except FileNotFoundError:
+    def _stat_failed(self, path: Path, candidate: _Candidate, error: OSError, now: float) -> None:
+        candidate.failures += 1
+        delay = min(
+            STAT_RETRY_FIRST_SECONDS * 2 ** (candidate.failures - 1), STAT_RETRY_MAX_SECONDS
+        )
+        if candidate.failures == 1:
+            self.log.warning(
+                "file.stat_failed",
+                path=str(path),
+                error=f"{error.strerror} ({errno.errorcode.get(error.errno or 0, '?')})",
+                action="left where it is and looked at again later",
+            )
+        self._look_at(path, candidate, now + delay)
+
+    def _forget(self, path: Path, keep_warning: bool = False) -> None:
+        self._candidates.pop(path, None)
+        if not keep_warning:
             self._warned.discard(path)
-            return None
+
+    def _is_regular(self, path: Path, info: os.stat_result) -> bool:
         if stat.S_ISREG(info.st_mode):
-            return info
-        if stat.S_ISDIR(info.st_mode):
-            return None
-        if path not in self._warned:  # once per path, not at every rescan
+            return True
+        if not stat.S_ISDIR(info.st_mode) and path not in self._warned:  # once per path
             self._warned.add(path)
             kind = "symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
             self.log.warning("file.skipped", path=str(path), reason=f"{kind}; left in place")
-        return None
+        return False
 
 
 class _Handler(FileSystemEventHandler):
@@ -151,12 +231,17 @@ class InboxWatcher:
         self._loop = loop
         self._on_candidate = on_candidate
         self._observer: BaseObserver | None = None
+        self._walks: set[asyncio.Future[None]] = set()
         self.missing = False
         self.log = get_logger(inbox=str(inbox.path))
 
-    def start(self) -> None:
+    @property
+    def watching(self) -> bool:
+        return self._observer is not None and self._observer.is_alive() and not self.missing
+
+    async def start(self) -> None:
         self._start_observer()
-        self.rescan()
+        await self.rescan()
 
     def _start_observer(self) -> None:
         observer = (
@@ -170,9 +255,11 @@ class InboxWatcher:
         observer.start()
         self._observer = observer
 
-    def rescan(self) -> None:
-        """Take every candidate again; notice an inbox that was removed or came back."""
-        if not self.inbox.path.is_dir():
+    async def rescan(self) -> None:
+        """Take every candidate again; notice an inbox that was removed or came back, and
+        a watch whose thread died."""
+        present = await asyncio.to_thread(self.inbox.path.is_dir)
+        if not present:
             if not self.missing:
                 self.missing = True
                 self.log.error(
@@ -182,14 +269,27 @@ class InboxWatcher:
             return
         if self.missing:
             self.missing = False
-            self.stop()
-            self._start_observer()  # the old watch died with the old folder
+            self._restart_observer()  # the old watch died with the old folder
             self.log.info("inbox.restored")
-        for path in scan(self.inbox):
+        elif self._observer is None or not self._observer.is_alive():
+            self.log.error("inbox.watch_restarted", reason="the watching thread had stopped")
+            self._restart_observer()
+        await self._walk(self.inbox.path)
+
+    def _restart_observer(self) -> None:
+        self.stop()
+        self._start_observer()
+
+    async def _walk(self, root: Path) -> None:
+        paths, errors = await asyncio.to_thread(scan, self.inbox, root)
+        for error in errors:
+            self.log.warning("inbox.scan_error", error=str(error))
+        for path in paths:
             self._on_candidate(path)
 
     def _from_thread(self, path: Path, is_directory: bool) -> None:
-        self._loop.call_soon_threadsafe(self._event, path, is_directory)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the daemon stopped
+            self._loop.call_soon_threadsafe(self._event, path, is_directory)
 
     def _event(self, path: Path, is_directory: bool) -> None:
         try:
@@ -203,10 +303,9 @@ class InboxWatcher:
                 and not any(p.startswith(".") for p in relative.parts)
                 and self.inbox.recursive
             ):
-                for root, folders, files in os.walk(path):
-                    folders[:] = [name for name in folders if not name.startswith(".")]
-                    for name in files:
-                        self._event(Path(root) / name, False)
+                walk = asyncio.ensure_future(self._walk(path))
+                self._walks.add(walk)
+                walk.add_done_callback(self._walks.discard)
             return
         if is_candidate_name(relative, self.inbox):
             self._on_candidate(path)

@@ -17,11 +17,11 @@ from typing import Any
 from urllib.parse import quote
 
 from ocrd import __version__
+from ocrd.domain import DocumentResult, DocumentSettings, Figure, PageResult
 from ocrd.files import fsync_dir, numbered, replace_file, temporary_path, write_new_file
 from ocrd.grounding import Block
 from ocrd.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
-from ocrd.page import PageResult, figure_box_px, page_record
-from ocrd.pipeline import DocumentResult, DocumentSettings
+from ocrd.page import figure_box_px, page_record
 
 COMPANIONS = (".assets", ".layout.json", ".raw.jsonl")
 UNFINISHED_MARKER = (
@@ -68,16 +68,19 @@ def markdown_target(outbox: Path, relative: PurePath) -> Path:
     return markdown_path(outbox, relative, number)
 
 
-def discard_outputs(markdown: Path) -> None:
-    """Remove the companions an interrupted attempt wrote before its Markdown."""
+def discard_outputs(markdown: Path, *, with_markdown: bool = False) -> None:
+    """Remove what an abandoned plan wrote: its companions, and its Markdown if asked."""
     files = OutputFiles(markdown)
     shutil.rmtree(files.assets, ignore_errors=True)
     files.layout.unlink(missing_ok=True)
     files.raw.unlink(missing_ok=True)
+    if with_markdown:
+        markdown.unlink(missing_ok=True)
 
 
 def figure_links(page: PageResult, assets: str) -> dict[int, str]:
-    return {index: f"{quote(assets)}/{quote(path.name)}" for index, path in page.figures.items()}
+    folder = quote(assets)
+    return {index: f"{folder}/{quote(figure.path.name)}" for index, figure in page.figures.items()}
 
 
 def render_markdown(result: DocumentResult, settings: DocumentSettings, assets: str) -> str:
@@ -95,7 +98,9 @@ def render_markdown(result: DocumentResult, settings: DocumentSettings, assets: 
     return join_pages(pages, settings.page_separator)
 
 
-def _block_layout(block: Block, page: PageResult, figure: str | None) -> dict[str, Any]:
+def _block_layout(
+    block: Block, page: PageResult, figure: Figure | None, link: str | None
+) -> dict[str, Any]:
     width_pt, height_pt = page.page_size_pt
     entry: dict[str, Any] = {
         "label": block.label,
@@ -103,9 +108,33 @@ def _block_layout(block: Block, page: PageResult, figure: str | None) -> dict[st
         "boxes_px": [list(figure_box_px(box, page.image_size)) for box in block.boxes],
         "boxes_pt": [[round(v, 2) for v in box.scaled(width_pt, height_pt)] for box in block.boxes],
     }
-    if figure:
-        entry["figure"] = figure
+    if figure is not None:
+        entry["figure"] = link
+        entry["figure_size"] = [figure.width, figure.height]
+        entry["figure_source_box"] = list(figure.source_box)
+        entry["figure_source_dpi"] = figure.source_dpi
     return entry
+
+
+def _page_layout(page: PageResult, assets: str) -> dict[str, Any]:
+    links = figure_links(page, assets)
+    return {
+        "page": page.number,
+        "width_pt": round(page.page_size_pt[0], 2),
+        "height_pt": round(page.page_size_pt[1], 2),
+        "image_width": page.image_size[0],
+        "image_height": page.image_size[1],
+        "prompt": page.prompt.value,
+        "finish_reason": page.finish_reason,
+        "unfinished": page.unfinished,
+        "retried": page.retried,
+        "prompt_tokens": page.text.prompt_tokens,
+        "completion_tokens": page.text.completion_tokens,
+        "blocks": [
+            _block_layout(block, page, page.figures.get(index), links.get(index))
+            for index, block in enumerate(page.layout_blocks)
+        ],
+    }
 
 
 def layout_document(result: DocumentResult, source: str, assets: str) -> dict[str, Any]:
@@ -113,26 +142,7 @@ def layout_document(result: DocumentResult, source: str, assets: str) -> dict[st
         "source": source,
         "ocrd_version": __version__,
         "unfinished_pages": result.unfinished_pages,
-        "pages": [
-            {
-                "page": page.number,
-                "width_pt": round(page.page_size_pt[0], 2),
-                "height_pt": round(page.page_size_pt[1], 2),
-                "image_width": page.image_size[0],
-                "image_height": page.image_size[1],
-                "prompt": page.prompt.value,
-                "finish_reason": page.finish_reason,
-                "unfinished": page.unfinished,
-                "retried": page.retried,
-                "prompt_tokens": page.text.prompt_tokens,
-                "completion_tokens": page.text.completion_tokens,
-                "blocks": [
-                    _block_layout(block, page, figure_links(page, assets).get(index))
-                    for index, block in enumerate(page.layout_blocks)
-                ],
-            }
-            for page in result.pages
-        ],
+        "pages": [_page_layout(page, assets) for page in result.pages],
     }
 
 
@@ -143,7 +153,7 @@ def raw_lines(result: DocumentResult) -> str:
 
 def _place_figures(result: DocumentResult, assets: Path) -> None:
     """Copy the figure crops into `assets`, which appears whole (renamed into place)."""
-    figures = [path for page in result.pages for path in page.figures.values()]
+    figures = [figure.path for page in result.pages for figure in page.figures.values()]
     if assets.exists():
         shutil.rmtree(assets)  # left by an attempt that died before its Markdown
     if not figures:

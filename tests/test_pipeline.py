@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import tempfile
 from pathlib import Path
 
 from helpers import make_pdf
 
 from ocrd.config import PipelineConfig, PromptMode, SimulatedConfig
-from ocrd.engines.base import EngineError, PageText
+from ocrd.domain import DocumentFailed, DocumentSettings, PageImage, PageText
+from ocrd.engines.base import EngineError
 from ocrd.engines.simulated import SimulatedEngine
-from ocrd.pipeline import DocumentFailed, DocumentSettings, Pipeline
-from ocrd.render import PageImage
+from ocrd.pipeline import Pipeline
 
 
 class RecordingEngine(SimulatedEngine):
@@ -29,7 +31,7 @@ class RecordingEngine(SimulatedEngine):
         self.failures = failures  # how often fail_page fails before it succeeds
         self.calls = 0
 
-    async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
+    async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         self.calls += 1
         self.active += 1
         self.peak = max(self.peak, self.active)
@@ -38,7 +40,7 @@ class RecordingEngine(SimulatedEngine):
             if page.number == self.fail_page and self.failures > 0:
                 self.failures -= 1
                 raise EngineError("simulated failure")
-            return await super().recognise(page, mode)
+            return await super().recognise(page, mode, priority)
         finally:
             self.active -= 1
 
@@ -127,3 +129,87 @@ def test_every_hostile_pdf_fails_with_a_reason_or_converts(corpus: Path) -> None
         else:
             assert not isinstance(result, BaseException), f"{path.name}: {result!r}"
             assert len(result.pages) >= 1, path.name
+
+
+class RefusingEngine(SimulatedEngine):
+    """Refuses every page at once, as a server answering HTTP 400 does."""
+
+    def __init__(self) -> None:
+        super().__init__(SimulatedConfig(seconds_per_page=0.0, capacity=64))
+        self.refusals = 0
+
+    async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
+        self.refusals += 1
+        raise EngineError("HTTP 400: the image is not valid", page.number, retryable=False)
+
+
+@contextlib.asynccontextmanager
+async def within(seconds: float, what: str):
+    """Fail with a message instead of hanging: a leaked slot shows as documents that wait."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise AssertionError(f"timed out after {seconds} s: {what}") from None
+
+
+def test_failing_pages_give_back_every_slot_and_renderer(tmp_path: Path) -> None:
+    """100 documents whose pages all fail at once, through a budget of 4 page slots: each
+    fails with the engine's reason, then a good document still converts, and the budget
+    and the render workers are whole again."""
+    pdfs = [make_pdf(tmp_path / f"doc{i}.pdf", 5) for i in range(100)]
+    good = make_pdf(tmp_path / "good.pdf", 3)
+
+    async def run():
+        config = PipelineConfig(max_pages_in_flight=4, render_workers=2, page_retries=2)
+        refusing = Pipeline.create(RefusingEngine(), config)
+        try:
+            async with within(120, "100 failing documents (page slots leaked?)"):
+                results = await asyncio.gather(
+                    *(refusing.convert(p, DocumentSettings(), tmp_path / p.stem) for p in pdfs),
+                    return_exceptions=True,
+                )
+            assert refusing.budget.in_flight == 0 and refusing.budget.waiting_documents == 0
+            assert refusing.renderers.busy == 0
+            refusing.engine = RecordingEngine()  # the engine is fixed; the same pipeline goes on
+            async with within(60, "a good document after the failures"):
+                result = await refusing.convert(good, DocumentSettings(), tmp_path / "good")
+            return results, result, refusing.budget.in_flight
+        finally:
+            refusing.renderers.shutdown()
+
+    results, result, in_flight = asyncio.run(run())
+    assert all(isinstance(r, DocumentFailed) for r in results)
+    assert {(r.stage, r.page) for r in results} <= {("recognise", n) for n in range(1, 6)}
+    assert all("HTTP 400: the image is not valid" in r.message for r in results)
+    assert len(result.pages) == 3 and in_flight == 0
+
+
+def test_documents_cancelled_at_any_moment_give_back_every_slot(tmp_path: Path) -> None:
+    pdfs = [make_pdf(tmp_path / f"doc{i}.pdf", 8) for i in range(12)]
+    rng = random.Random(11)
+
+    async def run():
+        config = PipelineConfig(max_pages_in_flight=6, render_workers=2)
+        pipeline = Pipeline.create(RecordingEngine(), config)
+        try:
+            for _ in range(5):
+                tasks = [
+                    asyncio.create_task(
+                        pipeline.convert(p, DocumentSettings(), tmp_path / f"{p.stem}-{i}")
+                    )
+                    for i, p in enumerate(pdfs)
+                ]
+                await asyncio.sleep(rng.uniform(0.05, 0.5))
+                for task in rng.sample(tasks, 8):
+                    task.cancel()
+                async with within(60, "documents after cancellations (page slots leaked?)"):
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                assert pipeline.budget.in_flight == 0, "page slots leaked"
+                assert pipeline.renderers.busy == 0, "a renderer was lost"
+            result = await pipeline.convert(pdfs[0], DocumentSettings(), tmp_path / "last")
+            assert len(result.pages) == 8
+        finally:
+            pipeline.renderers.shutdown()
+
+    asyncio.run(run())

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path, PurePath
 
 import pytest
+from structlog.testing import capture_logs
 
 from ocrd.config import InboxConfig
-from ocrd.watch import InboxWatcher, SettleTracker, is_candidate_name
+from ocrd.watch import InboxWatcher, Ready, SettleTracker, is_candidate_name, stat_all
+
+
+def look(tracker: SettleTracker) -> list[Ready]:
+    """One tick of the daemon: stat the candidates that are due, then settle them."""
+    return tracker.settle(stat_all(tracker.due()))
 
 
 def inbox_config(path: Path, **overrides: object) -> InboxConfig:
@@ -55,12 +62,12 @@ async def collect_ready(config: InboxConfig, actions, seconds: float) -> list[Pa
     tracker = SettleTracker(config)
     watcher = InboxWatcher(config, loop, tracker.observe)
     ready: list[Path] = []
-    watcher.start()
+    await watcher.start()
     try:
 
         async def tick() -> None:
             while True:
-                ready.extend(r.path for r in tracker.ready())
+                ready.extend(r.path for r in look(tracker))
                 await asyncio.sleep(0.1)
 
         ticker = asyncio.create_task(tick())
@@ -120,12 +127,12 @@ def test_a_file_written_slowly_is_ready_only_after_it_stops_changing(tmp_path: P
         loop = asyncio.get_running_loop()
         tracker = SettleTracker(config)
         watcher = InboxWatcher(config, loop, tracker.observe)
-        watcher.start()
+        await watcher.start()
         ready: list[Path] = []
         writer = asyncio.create_task(actions())
         try:
             for _ in range(60):
-                found = [r.path for r in tracker.ready()]
+                found = [r.path for r in look(tracker)]
                 if found:
                     ready.extend(found)
                     loop_ready.append(loop.time())
@@ -172,16 +179,16 @@ def test_a_file_replaced_by_another_of_the_same_size_and_mtime_settles_again(
     path.write_bytes(b"%PDF-1.4 first ")
     stamp = path.stat().st_mtime_ns
     tracker.observe(path)
-    assert tracker.ready() == []
+    assert look(tracker) == []
     now[0] = 0.5
     replacement = inbox / ".incoming"
     replacement.write_bytes(b"%PDF-1.4 other ")  # same size, and the same mtime below
     os.utime(replacement, ns=(stamp, stamp))
     os.replace(replacement, path)
     now[0] = 0.7  # past the 0.6 s settle time of the first file, not of its replacement
-    assert tracker.ready() == []
+    assert look(tracker) == []
     now[0] = 1.4
-    assert [r.path for r in tracker.ready()] == [path]
+    assert [r.path for r in look(tracker)] == [path]
 
 
 def test_a_file_that_never_stops_growing_is_given_up_on(tmp_path: Path) -> None:
@@ -195,8 +202,35 @@ def test_a_file_that_never_stops_growing_is_given_up_on(tmp_path: Path) -> None:
         with path.open("ab") as handle:
             handle.write(b"more")
         now[0] = step * 0.5
-        found = tracker.ready()
+        found = look(tracker)
         if found:
             break
     assert [(r.path, r.still_growing) for r in found] == [(path, True)]
-    assert 3.0 <= now[0] <= 3.5  # the limit counts from the first look at the file
+    assert 3.0 <= now[0] <= 3.5  # the limit counts from when the file was first seen
+
+
+def test_a_file_whose_stat_fails_is_skipped_and_looked_at_again(tmp_path: Path) -> None:
+    """An EIO or ESTALE from a network share stalls nothing: that file is logged once and
+    looked at again with backoff; the others settle meanwhile."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    now = [0.0]
+    tracker = SettleTracker(inbox_config(inbox), clock=lambda: now[0])
+    flaky, fine = inbox / "flaky.pdf", inbox / "fine.pdf"
+    for path in (flaky, fine):
+        path.write_bytes(b"%PDF-1.4")
+        tracker.observe(path)
+    eio = OSError(errno.EIO, "Input/output error", str(flaky))
+    ready: list[Path] = []
+    with capture_logs() as events:
+        for step in range(40):
+            now[0] = step * 0.25
+            due = tracker.due()
+            outcomes = stat_all(due)
+            if flaky in outcomes and now[0] < 4.0:
+                outcomes[flaky] = eio  # the share answers EIO for four seconds
+            ready += [r.path for r in tracker.settle(outcomes)]
+    assert ready[0] == fine and ready[1:] == [flaky]
+    failed = [e for e in events if e["event"] == "file.stat_failed"]
+    assert len(failed) == 1 and "EIO" in failed[0]["error"]
+    assert [e["event"] for e in events if e["event"] == "file.stat_recovered"]

@@ -6,9 +6,17 @@ import importlib.util
 from dataclasses import dataclass
 
 from ocrd.config import EngineConfig
-from ocrd.engines.base import Engine, EngineDeadError, EngineError, PageText
+from ocrd.engines.base import Engine, EngineDeadError, EngineError, EngineHealth, EngineState
 
-__all__ = ["Engine", "EngineChoice", "EngineDeadError", "EngineError", "PageText", "create_engine"]
+__all__ = [
+    "Engine",
+    "EngineChoice",
+    "EngineDeadError",
+    "EngineError",
+    "EngineHealth",
+    "EngineState",
+    "create_engine",
+]
 
 
 @dataclass(frozen=True)

@@ -2,51 +2,66 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from ocrd.config import PromptMode
-from ocrd.grounding import Block
-from ocrd.render import PageImage
+from ocrd.domain import PageImage, PageText
+
+__all__ = ["Engine", "EngineDeadError", "EngineError", "EngineHealth", "EngineState", "PageText"]
 
 
 class EngineError(Exception):
-    """A page could not be recognised; the engine itself is still usable."""
+    """A page could not be recognised; the engine itself is still usable.
 
-    def __init__(self, message: str, page: int | None = None) -> None:
+    `retryable` is false where sending the same page again cannot help (the server refused
+    it as invalid), so the page fails at once instead of after every retry.
+    """
+
+    def __init__(self, message: str, page: int | None = None, retryable: bool = True) -> None:
         super().__init__(message)
         self.page = page
+        self.retryable = retryable
 
 
 class EngineDeadError(Exception):
     """The engine is gone (its process died); the daemon must exit so systemd restarts it."""
 
 
-@dataclass(frozen=True)
-class PageText:
-    text: str
-    finish_reason: str  # stop, length, repetition, abort, error (vLLM's words)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    token_ids: tuple[int, ...] = ()
-    # When the engine itself first scheduled the page and produced its last token
-    # (monotonic clock, comparable across processes on one machine); None if unknown.
-    engine_interval: tuple[float, float] | None = None
-    # Blocks the engine found itself (RapidOCR's lines); None: parse them from `text`.
-    blocks: tuple[Block, ...] | None = None
+class EngineState(StrEnum):
+    loading = "loading"
+    ready = "ready"
+    unreachable = "unreachable"  # a fleet that does not answer: pages wait, nothing fails
+    dead = "dead"
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason == "stop"
+
+@dataclass
+class EngineHealth:
+    """What an engine says about itself: its state, since when, and what is wrong."""
+
+    state: EngineState = EngineState.loading
+    since: float = 0.0  # wall-clock seconds
+    problem: str | None = None
+
+    def set(self, state: EngineState, problem: str | None = None) -> bool:
+        """Change state; true if it changed."""
+        if state is self.state and problem == self.problem:
+            return False
+        if state is not self.state:
+            self.since = time.time()
+        self.state, self.problem = state, problem
+        return True
 
 
 class Engine(Protocol):
     name: str
+    health: EngineHealth
 
     @property
     def max_concurrency(self) -> int:
-        """Pages worth having in flight at once to keep the engine busy."""
+        """Pages the engine works on at once: what keeps it busy."""
         ...
 
     async def start(self) -> None: ...
@@ -55,6 +70,8 @@ class Engine(Protocol):
         """Raise EngineDeadError if the engine is gone."""
         ...
 
-    async def recognise(self, page: PageImage, mode: PromptMode) -> PageText: ...
+    async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
+        """The page's text; lower `priority` goes first where the engine has a queue."""
+        ...
 
     async def stop(self) -> None: ...

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from ocrd.config import PromptMode, RapidOcrConfig
-from ocrd.engines.base import EngineError, PageText
+from ocrd.domain import PageImage, PageText
+from ocrd.engines.base import EngineError, EngineHealth, EngineState
+from ocrd.engines.slots import PrioritySlots
 from ocrd.grounding import Block, Box
-from ocrd.render import PageImage
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,8 @@ class RapidOcrEngine:
 
     def __init__(self, config: RapidOcrConfig) -> None:
         self.config = config
+        self.health = EngineHealth()
+        self.slots = PrioritySlots(config.concurrency)
         self._ocr: Any = None
         self._executor = ThreadPoolExecutor(
             max_workers=config.concurrency, thread_name_prefix="rapidocr"
@@ -174,6 +177,7 @@ class RapidOcrEngine:
         }
         loop = asyncio.get_running_loop()
         self._ocr = await loop.run_in_executor(self._executor, lambda: RapidOCR(params=params))
+        self.health.set(EngineState.ready)
 
     def _recognise_sync(self, page: PageImage) -> PageText:
         started = time.monotonic()
@@ -194,9 +198,10 @@ class RapidOcrEngine:
             blocks=blocks,
         )
 
-    async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
+    async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._recognise_sync, page)
+        async with self.slots.slot(priority):
+            return await loop.run_in_executor(self._executor, self._recognise_sync, page)
 
     async def check_health(self) -> None:
         return None

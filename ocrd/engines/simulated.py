@@ -1,12 +1,12 @@
 """A simulated engine, for tests of the daemon's own logic and benchmarks at GPU speed.
 
 It models an engine with continuous batching: up to `capacity` pages are recognised at once,
-each taking `seconds_per_page`; more wait their turn. Its text is derived from the page's
-pixels, so the same page always gives the same text and different pages different text;
-in layout mode it has the shape of DeepSeek-OCR-2's grounding output, with a title, a
-paragraph and one figure. With `unfinished_every: N` every Nth page stops at "max_tokens"
-in layout mode (the plain-text retry then finishes). It never reads anything on the page
-and is never chosen by `auto`.
+each taking `seconds_per_page`; more wait their turn, lower priority first (as vLLM's
+priority scheduling does). Its text is derived from the page's pixels, so the same page
+always gives the same text and different pages different text; in layout mode it has the
+shape of DeepSeek-OCR-2's grounding output, with a title, a paragraph and one figure. With
+`unfinished_every: N` every Nth page stops at "max_tokens" in layout mode (the plain-text
+retry then finishes). It never reads anything on the page and is never chosen by `auto`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,19 @@ import asyncio
 import hashlib
 import time
 
+from PIL import Image
+
 from ocrd.config import PromptMode, SimulatedConfig
-from ocrd.engines.base import PageText
-from ocrd.render import PageImage
+from ocrd.domain import PageImage, PageText
+from ocrd.engines.base import EngineHealth, EngineState
+from ocrd.engines.slots import PrioritySlots
+
+
+def fingerprint(image: Image.Image) -> str:
+    """A short digest of what a page looks like, cheap enough to cost a GPU's stand-in
+    nothing: a 16x16 thumbnail, not every pixel."""
+    thumbnail = image.resize((16, 16), Image.Resampling.BOX)
+    return hashlib.sha256(thumbnail.tobytes()).hexdigest()[:16]
 
 
 class SimulatedEngine:
@@ -25,20 +35,20 @@ class SimulatedEngine:
 
     def __init__(self, config: SimulatedConfig) -> None:
         self.config = config
-        self._slots = asyncio.Semaphore(config.capacity)
+        self.health = EngineHealth()
+        self.slots = PrioritySlots(config.capacity)
 
     @property
     def max_concurrency(self) -> int:
         return self.config.capacity
 
     async def start(self) -> None:
-        return None
+        self.health.set(EngineState.ready)
 
-    async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
+    async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         started = time.monotonic()
-        async with self._slots:
+        async with self.slots.slot(priority):
             await asyncio.sleep(self.config.seconds_per_page)
-        digest = hashlib.sha256(page.image.tobytes()).hexdigest()[:16]
         width, height = page.image.size
         unfinished = (
             mode is PromptMode.layout
@@ -46,7 +56,7 @@ class SimulatedEngine:
             and page.number % self.config.unfinished_every == 0
         )
         return PageText(
-            text=self._text(page.number, width, height, digest, mode),
+            text=self._text(page.number, width, height, fingerprint(page.image), mode),
             finish_reason="length" if unfinished else "stop",
             prompt_tokens=257,
             completion_tokens=self.config.tokens_per_page,

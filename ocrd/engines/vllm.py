@@ -5,6 +5,10 @@ Settings follow the model's recipe: no prefix caching and no multimodal processo
 and the n-gram logits processor registered engine-wide and switched on per request to cut
 repetition loops. Resolution is controlled only by the size of the image sent: processor
 kwargs such as crop_mode make vLLM's placeholder count disagree and kill the engine.
+
+Each page asks for its final output only (not a cumulative output per generated token into
+the daemon's event loop), and carries its document's priority: the engine runs with
+priority scheduling, so a short or long-waiting document's page goes before a book's.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from typing import Any
 from PIL import Image
 
 from ocrd.config import PromptMode, SamplingConfig, VllmConfig
-from ocrd.engines.base import EngineDeadError, EngineError, PageText
+from ocrd.domain import PageImage, PageText
+from ocrd.engines.base import EngineDeadError, EngineError, EngineHealth, EngineState
 from ocrd.engines.deepseek import END_OF_SENTENCE, PROMPTS, ngram_args
-from ocrd.render import PageImage
 
 
 class VllmEngine:
@@ -28,6 +32,7 @@ class VllmEngine:
     def __init__(self, config: VllmConfig, sampling: SamplingConfig) -> None:
         self.config = config
         self.sampling = sampling
+        self.health = EngineHealth()
         self._engine: Any = None
         self._params: Any = None
         self._ids = itertools.count(1)
@@ -60,6 +65,7 @@ class VllmEngine:
             mm_processor_cache_gb=0,
             logits_processors=[NGramPerReqLogitsProcessor],
             limit_mm_per_prompt={"image": 1},
+            scheduling_policy="priority",
             disable_log_stats=False,  # keeps the per-request engine timestamps
             **optional,
         )
@@ -67,12 +73,14 @@ class VllmEngine:
     def sampling_params(self, ngram_size: int | None = None) -> Any:
         """The recipe's sampling settings; `ngram_size=0` switches the n-gram guard off."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
             temperature=0.0,
             max_tokens=self.sampling.max_tokens,
             skip_special_tokens=False,
             extra_args=ngram_args(self.sampling, ngram_size),
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
     async def start(self) -> None:
@@ -84,18 +92,25 @@ class VllmEngine:
         from vllm import AsyncEngineArgs
 
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
+        self.health.set(EngineState.ready)
 
     async def check_health(self) -> None:
         try:
             await self._engine.check_health()
         except self._dead_errors as error:
+            self.health.set(EngineState.dead, str(error))
             raise EngineDeadError(f"the vLLM engine died: {error}") from error
 
-    async def recognise(self, page: PageImage, mode: PromptMode) -> PageText:
-        return await self.generate(page.image, PROMPTS[mode], self._params, page.number)
+    async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
+        return await self.generate(page.image, PROMPTS[mode], self._params, page.number, priority)
 
     async def generate(
-        self, image: Image.Image, prompt: str, params: Any, page: int | None = None
+        self,
+        image: Image.Image,
+        prompt: str,
+        params: Any,
+        page: int | None = None,
+        priority: int = 0,
     ) -> PageText:
         request_id = f"page-{next(self._ids)}"
         request = {"prompt": prompt, "multi_modal_data": {"image": image}}
@@ -103,7 +118,8 @@ class VllmEngine:
         final = None
         try:
             async with asyncio.timeout(self.config.request_timeout_seconds):
-                async for output in self._engine.generate(request, params, request_id):
+                outputs = self._engine.generate(request, params, request_id, priority=priority)
+                async for output in outputs:
                     final = output
         except TimeoutError:
             await self._engine.abort([request_id])
@@ -111,6 +127,7 @@ class VllmEngine:
                 f"the engine took longer than {self.config.request_timeout_seconds:g} s", page
             ) from None
         except self._dead_errors as error:
+            self.health.set(EngineState.dead, str(error))
             raise EngineDeadError(f"the vLLM engine died: {error}") from error
         if final is None or not final.outputs:
             raise EngineError("the engine returned no output", page)

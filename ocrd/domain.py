@@ -1,0 +1,255 @@
+"""The types every step shares: pages, their text, a document's settings, results and failures.
+
+They sit below the modules that use them (render, engines, pipeline, write, settle,
+rerender), so data flows one way and no step imports another only for its types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from functools import cached_property
+from pathlib import Path
+
+from PIL import Image
+
+from ocrd.config import InboxConfig, PromptMode
+from ocrd.grounding import Block
+from ocrd.markdown import looks_repetitive
+
+
+class Stage(StrEnum):
+    """Where a document's processing failed; `error.json`'s `stage`."""
+
+    detect = "detect"  # the file is not an input ocrd reads
+    render = "render"  # the PDF or image could not be opened or rasterised
+    recognise = "recognise"  # the engine failed on a page, or left pages unfinished
+    write = "write"  # the outputs could not be written
+    settle = "settle"  # a storage error that retrying cannot fix, for this one file
+    crash = "crash"  # the daemon or its engine died while this file was in flight
+    internal = "internal"  # a bug in ocrd
+
+
+class Outcome(StrEnum):
+    done = "done"
+    failed = "failed"
+
+
+class InputFormat(StrEnum):
+    pdf = "pdf"
+    tiff = "tiff"
+    png = "png"
+    jpeg = "jpeg"
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """How one document's pages are rasterised: resolution is what the engine pays for."""
+
+    dpi: int = 144
+    max_image_side: int = 2048
+    passwords: tuple[str, ...] = ()  # tried in turn on an encrypted PDF
+
+
+@dataclass(frozen=True)
+class PageImage:
+    number: int  # 1-based
+    image: Image.Image
+    width_pt: float  # the page's size in PDF points (72 per inch), for mapping boxes back
+    height_pt: float
+
+
+@dataclass(frozen=True)
+class PageText:
+    """An engine's answer for one page."""
+
+    text: str
+    finish_reason: str  # stop, length, repetition, abort, error (vLLM's words)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    token_ids: tuple[int, ...] = ()
+    # When the engine itself first scheduled the page and produced its last token
+    # (monotonic clock, comparable across processes on one machine); None if unknown.
+    engine_interval: tuple[float, float] | None = None
+    # Blocks the engine found itself (RapidOCR's lines); None: parse them from `text`.
+    blocks: tuple[Block, ...] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason == "stop"
+
+
+_INBOX_DEFAULTS = InboxConfig.model_fields
+
+
+@dataclass(frozen=True)
+class DocumentSettings:
+    """How one document is recognised and written: an inbox's per-document options."""
+
+    prompt: PromptMode = PromptMode.layout
+    render: RenderSettings = field(default_factory=RenderSettings)
+    figure_dpi: int = 288  # figures are cut from the source at this resolution
+    page_separator: str = _INBOX_DEFAULTS["page_separator"].default
+    unfinished_pages: str = "done"  # or "failed": where a document with unfinished pages goes
+    retry_unfinished: bool = True
+    tables: str = "markdown"
+    figures: bool = True
+    layout_file: bool = False
+    keep_raw: bool = False
+    strip_headers_footers: bool = False
+
+    @classmethod
+    def of(cls, inbox: InboxConfig) -> DocumentSettings:
+        derived = ("render", "figure_dpi")
+        copied = {f.name: getattr(inbox, f.name) for f in fields(cls) if f.name not in derived}
+        render = RenderSettings(inbox.dpi, inbox.max_image_side, inbox.passwords)
+        return cls(**copied, render=render, figure_dpi=inbox.figure_dpi or 2 * inbox.dpi)
+
+
+class DocumentFailed(Exception):
+    """The document cannot be converted; it goes to failed/ with this reason."""
+
+    def __init__(
+        self, stage: Stage, message: str, page: int | None = None, error_type: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.stage = Stage(stage)
+        self.page = page
+        self.error_type = error_type or type(self).__name__
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure cut from the source: its PNG file, and where it lies in the source."""
+
+    path: Path
+    width: int
+    height: int
+    source_box: tuple[int, int, int, int]  # in pixels of the source at `source_dpi`
+    source_dpi: float
+
+
+@dataclass
+class PageResult:
+    number: int
+    text: PageText
+    prompt: PromptMode
+    image_size: tuple[int, int]
+    page_size_pt: tuple[float, float]
+    blocks: list[Block]  # parsed from the text: what the Markdown and the figures come from
+    figures: dict[int, Figure] = field(default_factory=dict)  # image block index: its crop
+    retried: bool = False
+
+    @property
+    def layout_blocks(self) -> list[Block]:
+        """Blocks for the layout file: the engine's own where it has them (RapidOCR's lines)."""
+        return list(self.text.blocks) if self.text.blocks is not None else self.blocks
+
+    @cached_property
+    def _loops(self) -> bool:
+        # Computed once, asked for by several writers.
+        return looks_repetitive(self.text.text)
+
+    @property
+    def unfinished(self) -> bool:
+        """Stopped before its end (token limit, repetition stop) or ending in a loop."""
+        return not self.text.finished or self._loops
+
+    @property
+    def finish_reason(self) -> str:
+        if self.text.finished and self._loops:
+            return "repetition"
+        return self.text.finish_reason
+
+
+@dataclass
+class DocumentResult:
+    format: InputFormat
+    pages: list[PageResult]
+    seconds: float
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(page.text.prompt_tokens for page in self.pages)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(page.text.completion_tokens for page in self.pages)
+
+    @property
+    def unfinished_pages(self) -> list[int]:
+        """Numbers of pages the engine stopped before their end (token limit, loop)."""
+        return [page.number for page in self.pages if page.unfinished]
+
+    @property
+    def retried_pages(self) -> list[int]:
+        return [page.number for page in self.pages if page.retried]
+
+    def finish_reasons(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for page in self.pages:
+            counts[page.finish_reason] = counts.get(page.finish_reason, 0) + 1
+        return counts
+
+
+@dataclass
+class DocumentSummary:
+    """How a document ended: the `document.finished` event, and what status reports show."""
+
+    doc: str
+    inbox: str
+    path: str  # relative to the inbox
+    outcome: Outcome
+    seconds: float
+    pages: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    unfinished_pages: list[int] = field(default_factory=list)
+    retried_pages: list[int] = field(default_factory=list)
+    original: str | None = None  # where the original went
+    markdown: str | None = None
+    renamed: str | None = None  # "safe" or "flat" where the target refused the name
+    stage: Stage | None = None  # for failures
+    page: int | None = None
+    reason: str | None = None
+    error_report: str | None = None
+    finished_at: float = 0.0  # wall-clock seconds
+
+    @property
+    def pages_per_second(self) -> float | None:
+        return round(self.pages / self.seconds, 3) if self.pages and self.seconds else None
+
+    def event(self) -> dict[str, object]:
+        """The fields of the `document.finished` log event."""
+        common: dict[str, object] = {
+            "outcome": self.outcome.value,
+            "pages": self.pages,
+            "seconds": round(self.seconds, 3),
+            "original": self.original,
+        }
+        if self.renamed:
+            common["renamed"] = self.renamed
+        if self.outcome is Outcome.failed:
+            return {
+                **common,
+                "stage": self.stage.value if self.stage else None,
+                "page": self.page,
+                "reason": self.reason,
+                "error_report": self.error_report,
+            }
+        return {
+            **common,
+            "pages_per_second": self.pages_per_second,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reasons": self.finish_reasons,
+            "unfinished_pages": self.unfinished_pages,
+            "retried_pages": self.retried_pages,
+            "markdown": self.markdown,
+        }

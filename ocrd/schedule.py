@@ -1,0 +1,107 @@
+"""Who goes next: the page budget shared between documents, and each page's priority.
+
+Pages rendered but not yet recognised hold a slot of a global budget, which bounds memory.
+When a slot frees it goes to the waiting document with the earliest *virtual deadline*:
+its arrival time plus `SECONDS_PER_PAGE_LEFT` for every page it still has to do. So a
+one-page scan dropped behind a 400-page book takes the next free slot (its deadline is its
+arrival plus half a second, the book's is its arrival plus minutes), while documents of
+similar size go in arrival order, and a book is never starved: every later arrival's
+deadline is later than the book's once the book has waited its pages' worth.
+
+The same deadline, in milliseconds, is the priority each page carries to the engine (vLLM's
+priority scheduling, the fleet's request queue, the simulated engine): lower goes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+SECONDS_PER_PAGE_LEFT = 0.5
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One document's place in the schedule."""
+
+    arrival: float  # monotonic seconds
+    pages_left: int
+    in_flight: int = 0
+    _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def deadline(self) -> float:
+        return self.arrival + SECONDS_PER_PAGE_LEFT * self.pages_left
+
+    def page_done(self) -> None:
+        self.pages_left = max(0, self.pages_left - 1)
+
+
+class PageBudget:
+    """At most `size` pages in flight, handed out earliest-deadline-first."""
+
+    def __init__(self, size: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.size = size
+        self.epoch = clock()
+        self._clock = clock
+        self._free = size
+        self._waiting: list[Ticket] = []
+
+    @property
+    def in_flight(self) -> int:
+        return self.size - self._free
+
+    @property
+    def waiting_documents(self) -> int:
+        return len(self._waiting)
+
+    def ticket(self, pages: int, arrival: float | None = None) -> Ticket:
+        return Ticket(self._clock() if arrival is None else arrival, pages)
+
+    def priority(self, ticket: Ticket) -> int:
+        """The page's priority for the engine: its document's deadline in ms (lower first)."""
+        return max(0, round((ticket.deadline() - self.epoch) * 1000))
+
+    async def acquire(self, ticket: Ticket) -> None:
+        """Wait for a slot for one page of `ticket`'s document."""
+        if self._free > 0 and not self._waiting:
+            self._grant(ticket)
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        ticket._waiters.append(waiter)
+        if len(ticket._waiters) == 1:
+            self._waiting.append(ticket)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(ticket)  # granted, but cancelled before it woke: pass it on
+            else:
+                self._forget(ticket, waiter)
+            raise
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back a slot of `ticket`'s document (from a done-callback: always runs)."""
+        ticket.in_flight -= 1
+        self._free += 1
+        while self._free > 0 and self._waiting:
+            chosen = min(self._waiting, key=Ticket.deadline)
+            waiter = chosen._waiters.pop(0)
+            if not chosen._waiters:
+                self._waiting.remove(chosen)
+            if not waiter.done():
+                self._grant(chosen)
+                waiter.set_result(None)
+
+    def _grant(self, ticket: Ticket) -> None:
+        self._free -= 1
+        ticket.in_flight += 1
+
+    def _forget(self, ticket: Ticket, waiter: asyncio.Future[None]) -> None:
+        with contextlib.suppress(ValueError):
+            ticket._waiters.remove(waiter)
+        if not ticket._waiters:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(ticket)
