@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -80,14 +81,17 @@ def markdown_under(folder: Path) -> list[str]:
     return [name for name in files_under(folder) if name.endswith(".md")]
 
 
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+def wait_until(
+    condition: Callable[[], Any], timeout: float, what: str | Callable[[], str]
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    described = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout} s waiting for {described}")
 
 
 class DaemonProcess:
@@ -130,7 +134,7 @@ class DaemonProcess:
             matches = self.find(event, **fields)
             return matches if len(matches) >= count else None
 
-        return wait_until(found, timeout, f"{count} x {event} {fields}\n{self.output()}")
+        return wait_until(found, timeout, lambda: f"{count} x {event} {fields}\n{self.output()}")
 
     def output(self) -> str:
         return "".join(self.raw[-60:])
@@ -160,3 +164,37 @@ def start_daemon() -> Iterator[Callable[..., DaemonProcess]]:
     yield start
     for daemon in started:
         daemon.kill()
+
+
+class NotifySocket:
+    """A datagram socket standing in for systemd's notify socket."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: list[str] = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self._running = True
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while self._running:
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        self._running = False
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[NotifySocket]:
+    """A datagram socket standing in for systemd's; pass `{"NOTIFY_SOCKET": str(path)}`."""
+    sock = NotifySocket(tmp_path / "notify.sock")
+    yield sock
+    sock.close()

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import files_under, markdown_under, wait_until, write_config
+from conftest import NotifySocket, files_under, markdown_under, wait_until, write_config
 from helpers import make_pdf
 
 pytestmark = pytest.mark.slow
@@ -132,32 +131,6 @@ def test_sigterm_leaves_unfinished_documents_claimed_and_a_restart_finishes_them
     assert markdown_under(data / "outbox") == ["long.md"]
     assert files_under(data / "done") == ["long.pdf"]
     assert files_under(data / "work") == []
-
-
-class NotifySocket:
-    """A datagram socket standing in for systemd's notify socket."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.messages: list[str] = []
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.2)
-        self._running = True
-        self._thread = threading.Thread(target=self._receive, daemon=True)
-        self._thread.start()
-
-    def _receive(self) -> None:
-        while self._running:
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except TimeoutError:
-                continue
-
-    def close(self) -> None:
-        self._running = False
-        self._thread.join()
-        self.sock.close()
 
 
 def test_systemd_notifications(tmp_path: Path, start_daemon) -> None:
