@@ -1,26 +1,31 @@
-"""Where ocrd's own CPU goes: `ocrd run` under py-spy, with CPU time per page per process.
+"""Where ocrd's own CPU goes: `ocrd run` under load, CPU time per page per process, py-spy.
 
     python benchmarks/profile_daemon.py --load stress [--tree DIR] [--top 15] [--no-profile]
     python benchmarks/profile_daemon.py --load real [--tree DIR]
+    python benchmarks/profile_daemon.py --load stress --no-profile --lag [--tree DIR]
 
-`--load stress`: 256 A5 pages in 16 PDFs, simulated engine at 0.5 s a page and 128 at once.
+`--load stress`: 256 A5 pages in 16 PDFs, simulated engine at 0.5 s a page and 128 at once,
+256 pages and 64 documents in flight (set explicitly, so older checkouts run the same).
 `--load real`: every PDF of ../shared/corpus/real and the olmOCR-Bench sample, at 144 DPI.
 
-The daemon's engine is the simulated one (a GPU's stand-in: it costs no CPU of its own
-beyond what ocrd spends to hand it a page). Reported: pages per second from the first file
-dropped to the last document settled; CPU milliseconds per page of the daemon's main
-process and of its render workers (from /proc, taken just before the daemon stops); and,
-unless --no-profile, py-spy's top functions of the main process by own and total samples.
-`--tree` runs another checkout's `ocrd` (e.g. a worktree of an older commit), so the same
-script measures before and after a change.
+The engine is the simulated one (a GPU's stand-in, costing the daemon little beyond what
+ocrd spends to hand it a page). Reported: pages per second from the first file dropped to
+the last document settled; CPU milliseconds per page of the daemon's main process and of
+its render workers (from /proc, just before the daemon stops); with `--baseline`, the same
+pages rendered by bare PyMuPDF `get_pixmap` in this process, for comparison; unless
+`--no-profile`, py-spy's top functions of the main process (attached once the daemon is
+ready, with `--subprocesses`) by own and by total samples. `--lag` runs the daemon with the
+probe of `benchmarks/lagprobe/` and reports how late its event loop answered while the
+load ran (worst, 99th percentile): blocking work on the loop shows there. Take lag figures
+with `--no-profile`, since py-spy pauses the process to sample it. `--tree` runs another
+checkout's `ocrd` (a worktree of an older commit with its own `.venv` holding an editable
+install of it), so the same script measures before and after a change.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import json
-import os
 import shutil
 import signal
 import subprocess
@@ -29,14 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "corpus"
-sys.path.insert(0, str(REPO / "tests"))
-
-from helpers import make_pdf  # noqa: E402
+from harness import CORPUS, REPO, DaemonRun, make_pdf, simulated_engine
 
 
 def stress_load(folder: Path) -> list[Path]:
@@ -49,9 +47,8 @@ def real_load(folder: Path) -> list[Path]:
     )
     paths = []
     for source in sources:
-        target = folder / source.name
-        shutil.copy(source, target)
-        paths.append(target)
+        shutil.copy(source, folder / source.name)
+        paths.append(folder / source.name)
     return paths
 
 
@@ -65,22 +62,19 @@ def count_pages(paths: list[Path]) -> int:
     return total
 
 
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
+def bare_render_ms(paths: list[Path], dpi: int = 144, max_side: int = 2048) -> float:
+    """CPU ms a page for PyMuPDF alone to render the same pages the daemon renders."""
+    import pymupdf
 
-
-def write_config(folder: Path, load: str) -> Path:
-    (folder / "data" / "inbox").mkdir(parents=True)
-    engine = {"kind": "simulated", "simulated": {"seconds_per_page": 0.5, "capacity": 128}}
-    config = {
-        "inboxes": [{"path": "data/inbox", "settle_seconds": 0.2}],
-        "engine": engine,
-        "pipeline": {"max_pages_in_flight": 256, "max_documents_in_flight": 64},
-    }
-    path = folder / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    started = time.process_time()
+    pages = 0
+    for path in paths:
+        with pymupdf.open(path) as doc:
+            for page in doc:
+                zoom = min(dpi / 72, max_side / max(page.rect.width, page.rect.height))
+                page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False)
+                pages += 1
+    return 1000 * (time.process_time() - started) / pages
 
 
 def summarise_profile(raw: Path, main_pid: int, top: int) -> list[str]:
@@ -90,11 +84,12 @@ def summarise_profile(raw: Path, main_pid: int, top: int) -> list[str]:
     samples = 0
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
-        # Children nest under their parent: "process A;process B;frame;..." is B's stack.
-        processes = [f for f in stack.split(";") if f.startswith("process ")]
-        if [p.split(":")[0] for p in processes] != [f"process {main_pid}"]:
+        frames = stack.split(";")
+        if not frames or not frames[0].startswith(f"process {main_pid}:"):
             continue
-        frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
+        if any(f.startswith("process ") for f in frames[1:]):
+            continue  # a child's stack, nested under the main process
+        frames = [f for f in frames if not f.startswith(("process ", "thread "))]
         if not frames:
             continue
         count = int(count_text)
@@ -103,11 +98,22 @@ def summarise_profile(raw: Path, main_pid: int, top: int) -> list[str]:
         for frame in set(frames):
             if "ocrd/" in frame:  # the daemon's own functions, not the frames around them
                 total[frame] += count
+    if not samples:
+        return ["main process: no samples"]
     lines = [f"main process: {samples} samples on the CPU", "own:"]
     lines += [f"  {100 * n / samples:5.1f} %  {name}" for name, n in own.most_common(top)]
     lines.append("total, ocrd's own functions (including what they call):")
     lines += [f"  {100 * n / samples:5.1f} %  {name}" for name, n in total.most_common(top)]
     return lines
+
+
+def start_profiler(pid: int, rate: int, output: Path) -> subprocess.Popen[bytes]:
+    py_spy = Path(sys.executable).parent / "py-spy"
+    command = [str(py_spy), "record", "--pid", str(pid), "--subprocesses", "--idle"]
+    command += ["--format", "raw", "--rate", str(rate), "-o", str(output)]
+    profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the load starts
+    return profiler
 
 
 def main() -> None:
@@ -116,6 +122,8 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=REPO, help="checkout whose ocrd runs")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--lag", action="store_true", help="measure the event loop's lag")
+    parser.add_argument("--baseline", action="store_true", help="also time bare get_pixmap")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     args = parser.parse_args()
 
@@ -125,55 +133,45 @@ def main() -> None:
         load.mkdir()
         paths = stress_load(load) if args.load == "stress" else real_load(load)
         pages = count_pages(paths)
-        config = write_config(folder, args.load)
-        raw = folder / "profile.txt"
-        command = [sys.executable, "-m", "ocrd", "run", "--config", str(config)]
-        command += ["--log-format", "json"]
-        if not args.no_profile:
-            command = [
-                str(Path(sys.executable).parent / "py-spy"), "record", "--subprocesses",
-                "--format", "raw", "--rate", str(args.rate), "-o", str(raw), "--",
-                *command,
-            ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(args.tree.resolve())}
-        process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        daemon = DaemonRun(
+            folder / "ocrd",
+            simulated_engine(capacity=128, seconds_per_page=0.5),
+            pipeline={"max_pages_in_flight": 256, "max_documents_in_flight": 64},
+            tree=args.tree,
+            lag_probe=args.lag,
         )
-        assert process.stdout is not None
-        daemon: psutil.Process | None = None
-        started = finished_at = 0.0
-        finished = 0
-        main_cpu = workers_cpu = 0.0
-        for line in process.stdout:
-            if not line.startswith("{"):
-                continue
-            event = json.loads(line)
-            if event.get("event") == "daemon.ready":
-                launcher = psutil.Process(process.pid)
-                daemon = launcher if args.no_profile else launcher.children()[0]
-                main_before = cpu_seconds(daemon)
-                workers_before = sum(cpu_seconds(c) for c in daemon.children(recursive=True))
-                started = time.monotonic()
-                inbox = folder / "data" / "inbox"
-                for path in paths:
-                    path.rename(inbox / path.name)
-            elif event.get("event") == "document.finished":
-                finished += 1
-                if finished == len(paths):
-                    finished_at = time.monotonic()
-                    assert daemon is not None
-                    main_cpu = cpu_seconds(daemon) - main_before
-                    children = daemon.children(recursive=True)
-                    workers_cpu = sum(cpu_seconds(c) for c in children) - workers_before
-                    daemon.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
-        seconds = finished_at - started
+        daemon.wait_for("daemon.ready", timeout=300)
+        raw = folder / "profile.txt"
+        profiler = None if args.no_profile else start_profiler(daemon.process.pid, args.rate, raw)
+        main_before, workers_before = daemon.cpu_seconds()
+        started = time.monotonic()
+        for path in paths:
+            daemon.drop(path)
+        daemon.wait_for("document.finished", count=len(paths), timeout=1800)
+        finished = time.monotonic()
+        main_after, workers_after = daemon.cpu_seconds()
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(timeout=120)
+        daemon.stop()
+
+        seconds = finished - started
         print(f"tree {args.tree}: load {args.load}, {len(paths)} documents, {pages} pages")
         print(f"{seconds:.2f} s, {pages / seconds:.1f} pages/s")
-        print(f"main process CPU: {1000 * main_cpu / pages:.1f} ms a page")
-        print(f"render workers CPU: {1000 * workers_cpu / pages:.1f} ms a page")
-        if not args.no_profile and daemon is not None:
-            print("\n".join(summarise_profile(raw, daemon.pid, args.top)))
+        main_ms = 1000 * (main_after - main_before) / pages
+        workers_ms = 1000 * (workers_after - workers_before) / pages
+        print(f"main process CPU: {main_ms:.1f} ms a page")
+        print(f"render workers CPU: {workers_ms:.1f} ms a page")
+        if args.baseline:
+            print(f"bare get_pixmap (144 DPI, this process): {bare_render_ms(paths):.1f} ms a page")
+        if args.lag:
+            lag = daemon.lag(started, finished)
+            print(
+                "event loop lag while loaded: "
+                + (f"worst {1000 * lag[0]:.1f} ms, p99 {1000 * lag[1]:.1f} ms" if lag else "none")
+            )
+        if profiler is not None and raw.exists():
+            print("\n".join(summarise_profile(raw, daemon.process.pid, args.top)))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the tiny model and the PDF maker
 from helpers import make_pdf  # noqa: E402
 
 from ocrd.config import EngineConfig, PromptMode  # noqa: E402
-from ocrd.render import RenderLimits, RenderSettings, RenderWorker, detect_format  # noqa: E402
+from ocrd.domain import RenderSettings  # noqa: E402
+from ocrd.render import Document, RenderLimits, RenderPool, detect_format  # noqa: E402
 
 
 def engine_section(args: argparse.Namespace, folder: Path) -> dict:
@@ -64,14 +65,15 @@ def make_documents(folder: Path, pages: int, documents: int) -> list[Path]:
 
 
 async def render_all(paths: list[Path], settings: RenderSettings) -> list:
-    worker = RenderWorker(RenderLimits())
+    pool = RenderPool(1, RenderLimits())
     images = []
     try:
         for path in paths:
-            count = await worker.open(path, detect_format(path), settings)
-            images += [await worker.render(n) for n in range(1, count + 1)]
+            document = Document(path, detect_format(path), settings)
+            count = await pool.open(document)
+            images += [await pool.render(document, n) for n in range(1, count + 1)]
     finally:
-        worker.shutdown()
+        pool.shutdown()
     return images
 
 

@@ -34,9 +34,7 @@ async def convert_files(
     engine = create_engine(engine_config, choice.kind)
     await engine.start()
     pipeline = Pipeline.create(engine, pipeline_config, settings.render.max_image_side)
-    documents = asyncio.Semaphore(
-        pipeline_config.documents_in_flight_for(engine.max_concurrency)
-    )
+    documents = asyncio.Semaphore(pipeline_config.documents_in_flight_for(engine.max_concurrency))
     out.mkdir(parents=True, exist_ok=True)
 
     async def convert_one(path: Path) -> bool:

@@ -103,10 +103,14 @@ def _link_new(source: Path, target: Path) -> None:
 def _durable_temporary(folder: Path, data: bytes) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     temporary = temporary_path(folder)
-    with temporary.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with temporary.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk must not fill up further
+        raise
     return temporary
 
 
@@ -142,10 +146,10 @@ def move_new(source: Path, target: Path) -> None:
         if error.errno != errno.EXDEV:
             raise
         temporary = temporary_path(target.parent)
-        shutil.copy2(source, temporary)
-        with temporary.open("rb") as handle:
-            os.fsync(handle.fileno())
         try:
+            shutil.copy2(source, temporary)
+            with temporary.open("rb") as handle:
+                os.fsync(handle.fileno())
             _link_new(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)

@@ -83,9 +83,7 @@ class Pipeline:
             buffer_bytes=buffer_side * buffer_side * 3,
         )
         budget = PageBudget(config.pages_in_flight_for(engine.max_concurrency))
-        return cls(
-            engine, pool, budget, config.page_retries, config.page_retry_backoff_seconds
-        )
+        return cls(engine, pool, budget, config.page_retries, config.page_retry_backoff_seconds)
 
     @property
     def pages_in_flight(self) -> int:

@@ -160,12 +160,16 @@ def _place_figures(result: DocumentResult, assets: Path) -> None:
         return
     staging = temporary_path(assets.parent)
     staging.mkdir(parents=True)
-    for path in figures:
-        shutil.copyfile(path, staging / path.name)
-        with (staging / path.name).open("rb") as handle:
-            os.fsync(handle.fileno())
-    fsync_dir(staging)
-    os.rename(staging, assets)
+    try:
+        for path in figures:
+            shutil.copyfile(path, staging / path.name)
+            with (staging / path.name).open("rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_dir(staging)
+        os.rename(staging, assets)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a full disk must not fill up further
+        raise
     fsync_dir(assets.parent)
 
 

@@ -81,9 +81,7 @@ def markdown_under(folder: Path) -> list[str]:
     return [name for name in files_under(folder) if name.endswith(".md")]
 
 
-def wait_until(
-    condition: Callable[[], Any], timeout: float, what: str | Callable[[], str]
-) -> Any:
+def wait_until(condition: Callable[[], Any], timeout: float, what: str | Callable[[], str]) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()

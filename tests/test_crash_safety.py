@@ -84,3 +84,36 @@ def test_a_document_that_crashed_the_daemon_twice_is_set_aside(
     assert report["message"].startswith("crashed the daemon twice")
     assert report["attempts"] == 2 and report["error_type"] == "PoisonDocument"
     assert (data / "done" / "healthy.pdf").exists()
+
+
+def test_documents_in_flight_when_the_daemon_died_are_retried_alone_and_all_convert(
+    tmp_path: Path, start_daemon
+) -> None:
+    """A crash with four documents in flight is evidence against none of them in
+    particular: after the restart each is retried alone, and all four convert."""
+    engine = {"kind": "simulated", "simulated": {"seconds_per_page": 1.0, "capacity": 16}}
+    config = write_config(tmp_path, engine=engine)
+    data = tmp_path / "data"
+    for index in range(4):
+        make_pdf(data / "inbox" / f"doc{index}.pdf", 3)
+    first = start_daemon(config)
+    first.wait_for("document.started", timeout=60, count=4)
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(timeout=30)
+
+    second = start_daemon(config)
+    finished = second.wait_for("document.finished", timeout=120, count=4)
+    assert second.stop() == 0
+    assert {event["outcome"] for event in finished} == {"done"}
+    started = second.find("document.started")
+    assert len(started) == 4 and all(event["alone"] for event in started)
+    sequence = [
+        (event["event"], event["doc"])
+        for event in second.events
+        if event.get("event") in ("document.started", "document.finished")
+    ]
+    for index in range(0, 8, 2):  # each ran alone: started, finished, then the next
+        assert sequence[index][0] == "document.started"
+        assert sequence[index + 1] == ("document.finished", sequence[index][1])
+    assert len(list((data / "done").glob("*.pdf"))) == 4
+    assert list((data / "failed").iterdir()) == []

@@ -13,7 +13,7 @@ from conftest import files_under, markdown_under, wait_until
 from helpers import make_pdf
 from tiny_model import vllm_engine_section
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 PAGE = {"max_image_side": 768, "settle_seconds": 0.5}  # 257-token pages: about 8 s on 2 cores
 

@@ -12,11 +12,12 @@ from PIL import Image
 from tiny_model import vllm_engine_section
 
 from ocrd.config import EngineConfig, PromptMode
+from ocrd.domain import PageImage, RenderSettings
 from ocrd.engines.deepseek import PROMPTS
 from ocrd.engines.vllm import VllmEngine
-from ocrd.render import PageImage, RenderLimits, RenderSettings, RenderWorker, detect_format
+from ocrd.render import Document, RenderLimits, RenderPool, detect_format
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
 class EngineRunner:
@@ -65,18 +66,18 @@ def render_a4_page(folder: Path, settings: RenderSettings) -> Image.Image:
 
     path = folder / "a4.pdf"
     doc = pymupdf.open()
-    doc.new_page(
-        width=210 / 25.4 * 72, height=297 / 25.4 * 72
-    )  # A4.insert_text((72, 100), "An A4 page", fontsize=24)
+    page = doc.new_page(width=210 / 25.4 * 72, height=297 / 25.4 * 72)  # A4
+    page.insert_text((72, 100), "An A4 page", fontsize=24)
     doc.save(path)
 
     async def render() -> Image.Image:
-        worker = RenderWorker(RenderLimits())
+        pool = RenderPool(1, RenderLimits())
+        document = Document(path, detect_format(path), settings)
         try:
-            await worker.open(path, detect_format(path), settings)
-            return (await worker.render(1)).image
+            await pool.open(document)
+            return (await pool.render(document, 1)).image
         finally:
-            worker.shutdown()
+            pool.shutdown()
 
     return asyncio.run(render())
 

@@ -1,0 +1,84 @@
+"""Real filesystems for storage-fault tests: a small tmpfs (full, read-only) and an SMB-like
+FUSE mount (refused names). Mounting needs root, as CI has; without it the tests fail with
+a message saying so rather than pass untested."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+SMBFS = Path(__file__).with_name("smbfs.py")
+
+
+def _mount(*arguments: str) -> None:
+    result = subprocess.run(["mount", *arguments], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(
+            f"mount {' '.join(arguments)} failed ({result.stderr.strip()}); these tests need "
+            "root (CI runs as root), or leave them out with -m 'not mounts'"
+        )
+
+
+def _unmount(folder: Path) -> None:
+    subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+@contextmanager
+def tmpfs(folder: Path, size: str = "4m") -> Iterator[Path]:
+    """A tmpfs of `size` at `folder`: a disk that really fills up."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder))
+    try:
+        yield folder
+    finally:
+        _unmount(folder)
+
+
+def set_read_only(folder: Path, read_only: bool) -> None:
+    _mount("-o", f"remount,{'ro' if read_only else 'rw'}", str(folder))
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into `folder` until the filesystem is full; it is returned for removal."""
+    filler = folder / "filler.bin"
+    with filler.open("wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@contextmanager
+def smb_like(folder: Path) -> Iterator[Path]:
+    """`folder` as a FUSE mount that refuses names as SMB and FAT do (tests/smbfs.py)."""
+    if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
+        pytest.fail(
+            "FUSE is not installed: run scripts/install_test_packages.sh (Debian's fuse3), "
+            "or leave these tests out with -m 'not mounts'"
+        )
+    backing = folder.with_name(folder.name + ".backing")
+    backing.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen([sys.executable, str(SMBFS), str(backing), str(folder)])
+    deadline = time.monotonic() + 20
+    while not os.path.ismount(folder):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the SMB-like FUSE mount at {folder} did not come up (needs root)")
+        time.sleep(0.05)
+    try:
+        yield folder
+    finally:
+        _unmount(folder)
+        process.wait(timeout=20)
