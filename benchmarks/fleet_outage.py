@@ -1,6 +1,7 @@
 """An inference fleet that goes away while pages are in flight, as an operator would see it.
 
     python benchmarks/fleet_outage.py [--documents 20] [--pages 10] [--outages 2] [--outage 25]
+        [--retry-backoff 1]
     python benchmarks/fleet_outage.py --tree ../older-checkout   # the same, for another ocrd
 
 `ocrd run` with `engine.kind: openai` against a stand-in OpenAI-compatible server on
@@ -31,13 +32,17 @@ from check_invariants import check
 from fleet import StandInFleetServer
 
 
-def write_config(folder: Path, fleet: StandInFleetServer) -> Path:
+def write_config(folder: Path, fleet: StandInFleetServer, backoff: float) -> Path:
     (folder / "data" / "inbox").mkdir(parents=True)
     config = {
         "inboxes": [{"path": "data/inbox", "settle_seconds": 0.5, "max_image_side": 768}],
         "engine": {
             "kind": "openai",
-            "openai": {"base_urls": [fleet.url], "max_concurrency": 8},
+            "openai": {
+                "base_urls": [fleet.url],
+                "max_concurrency": 8,
+                "retry_backoff_seconds": backoff,
+            },
         },
         "pipeline": {"status_interval_seconds": 1},
     }
@@ -104,6 +109,9 @@ def main() -> None:
     parser.add_argument("--outages", type=int, default=2)
     parser.add_argument("--outage", type=float, default=25.0, help="seconds the fleet is gone")
     parser.add_argument("--delay", type=float, default=0.5, help="the server's seconds a page")
+    parser.add_argument(
+        "--retry-backoff", type=float, default=1.0, help="openai.retry_backoff_seconds"
+    )
     parser.add_argument("--tree", type=Path, default=REPO, help="checkout whose ocrd runs")
     args = parser.parse_args()
 
@@ -111,7 +119,7 @@ def main() -> None:
     fleet.start()
     with tempfile.TemporaryDirectory(prefix="ocrd-outage-") as tmp:
         folder = Path(tmp)
-        config = write_config(folder, fleet)
+        config = write_config(folder, fleet, args.retry_backoff)
         inputs = folder / "inputs"
         inputs.mkdir()
         for index in range(args.documents):

@@ -11,8 +11,9 @@
 The engine is the simulated one (a GPU's stand-in, costing the daemon little beyond what
 ocrd spends to hand it a page). Reported: pages per second from the first file dropped to
 the last document settled; CPU milliseconds per page of the daemon's main process and of
-its render workers (from /proc, just before the daemon stops); with `--baseline`, the same
-pages rendered by bare PyMuPDF `get_pixmap` in this process, for comparison; unless
+its render workers (from /proc, just before the daemon stops); with `--baseline`, the CPU a
+page of bare PyMuPDF `get_pixmap` in this process, and of ocrd's render pool alone rendering
+the same pages and handing them over (the work the daemon cannot avoid), for comparison; unless
 `--no-profile`, py-spy's top functions of the main process (attached once the daemon is
 ready, with `--subprocesses`) by own and by total samples. `--lag` runs the daemon with the
 probe of `benchmarks/lagprobe/` and reports how late its event loop answered while the
@@ -70,11 +71,50 @@ def bare_render_ms(paths: list[Path], dpi: int = 144, max_side: int = 2048) -> f
     pages = 0
     for path in paths:
         with pymupdf.open(path) as doc:
+            if doc.needs_pass:
+                continue
             for page in doc:
                 zoom = min(dpi / 72, max_side / max(page.rect.width, page.rect.height))
                 page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False)
                 pages += 1
     return 1000 * (time.process_time() - started) / pages
+
+
+def render_handoff_ms(paths: list[Path]) -> float:
+    """CPU ms a page, this process and its render workers together, for ocrd's render pool
+    alone to render the same pages (144 DPI, at most 2048 px) and hand them over."""
+    import asyncio
+
+    import psutil
+
+    from ocrd.domain import RenderSettings
+    from ocrd.render import Document, RenderLimits, RenderPool, detect_format
+
+    def cpu() -> float:
+        me = psutil.Process()
+        times = [me.cpu_times(), *(c.cpu_times() for c in me.children(recursive=True))]
+        return sum(t.user + t.system for t in times)
+
+    async def render_all() -> tuple[int, float]:
+        pool = RenderPool(2, RenderLimits())
+        await pool.warm_up()
+        before = cpu()
+        pages = 0
+        try:
+            for path in paths:
+                document = Document(path, detect_format(path), RenderSettings())
+                try:
+                    count = await pool.open(document)
+                except Exception:
+                    continue  # the daemon fails such a file; no pages to compare
+                await asyncio.gather(*(pool.render(document, n) for n in range(1, count + 1)))
+                pages += count
+            return pages, cpu() - before
+        finally:
+            pool.shutdown()
+
+    pages, seconds = asyncio.run(render_all())
+    return 1000 * seconds / pages
 
 
 def summarise_profile(raw: Path, main_pid: int, top: int) -> list[str]:
@@ -109,7 +149,7 @@ def summarise_profile(raw: Path, main_pid: int, top: int) -> list[str]:
 
 def start_profiler(pid: int, rate: int, output: Path) -> subprocess.Popen[bytes]:
     py_spy = Path(sys.executable).parent / "py-spy"
-    command = [str(py_spy), "record", "--pid", str(pid), "--subprocesses", "--idle"]
+    command = [str(py_spy), "record", "--pid", str(pid), "--subprocesses"]
     command += ["--format", "raw", "--rate", str(rate), "-o", str(output)]
     profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the load starts
@@ -164,6 +204,9 @@ def main() -> None:
         print(f"render workers CPU: {workers_ms:.1f} ms a page")
         if args.baseline:
             print(f"bare get_pixmap (144 DPI, this process): {bare_render_ms(paths):.1f} ms a page")
+            handoff = render_handoff_ms(paths)
+            print(f"render and hand-off through ocrd's render pool: {handoff:.1f} ms a page")
+            print(f"main process / (render and hand-off): {main_ms / handoff:.2f}")
         if args.lag:
             lag = daemon.lag(started, finished)
             print(

@@ -114,6 +114,19 @@ def _durable_temporary(folder: Path, data: bytes) -> Path:
     return temporary
 
 
+def link_or_copy(source: Path, target: Path) -> None:
+    """Give a durable file (fsynced by whoever wrote it) a second name; a copy, fsynced,
+    where the two folders are on different filesystems or links are refused."""
+    try:
+        os.link(source, target)
+    except OSError as error:
+        if error.errno not in (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        shutil.copyfile(source, target)
+        with target.open("rb") as handle:
+            os.fsync(handle.fileno())
+
+
 def write_new_file(target: Path, data: bytes) -> None:
     """Write `target` durably: temporary file, fsync, then link into place.
 

@@ -7,7 +7,6 @@ raw file), so both write the same output for the same text.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +165,11 @@ class PageJournal:
         return pages
 
     def append(self, page: PageResult) -> None:
-        """Blocking (an fsync): call it off the event loop."""
+        """Blocking: call it off the event loop.
+
+        Written and flushed but not fsynced: what was written survives the daemon's death,
+        and a page lost to a power cut is only recognised again (the journal saves work;
+        it does not decide what is done)."""
         record = {
             **page_record(page),
             "image_size": list(page.image_size),
@@ -176,5 +179,3 @@ class PageJournal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())

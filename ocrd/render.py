@@ -109,9 +109,13 @@ def _hand_over(pixels: memoryview | bytes, buffer: mmap.mmap) -> tuple[int, byte
 
 
 def _write_png(image: Image.Image, path: Path) -> None:
-    """Write under a temporary name first: a killed worker never leaves a torn figure."""
+    """Write durably under a temporary name first: a killed worker never leaves a torn
+    figure, and the daemon can link the file into the outbox without copying it."""
     partial = path.with_name(f".{path.name}.partial")
-    image.save(partial, format="PNG", compress_level=FIGURE_PNG_LEVEL)
+    with partial.open("wb") as handle:
+        image.save(handle, format="PNG", compress_level=FIGURE_PNG_LEVEL)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(partial, path)
 
 

@@ -1,27 +1,31 @@
 """Who goes next: the page budget shared between documents, and each page's priority.
 
-Pages rendered but not yet recognised hold a slot of a global budget, which bounds memory.
-When a slot frees it goes to the waiting document with the earliest *virtual deadline*:
-its arrival time plus `SECONDS_PER_PAGE_LEFT` for every page it still has to do. So a
-one-page scan dropped behind a 400-page book takes the next free slot (its deadline is its
-arrival plus half a second, the book's is its arrival plus minutes), while documents of
-similar size go in arrival order, and a book is never starved: every later arrival's
-deadline is later than the book's once the book has waited its pages' worth.
+Pages rendered but not yet recognised hold a slot of a global budget, which bounds memory
+and keeps the engine's own queue short. The budget is shared fairly: when a slot frees it
+goes to the waiting document with the *fewest pages in flight*, and among those to the
+one that arrived first. So a one-page scan dropped behind a 400-page book takes the very
+next free slot (it holds none, the book holds them all); ten books share the budget
+equally; and a book under a stream of small scans still progresses, since whenever it
+holds no page it wins against every document that arrived after it.
 
-The same deadline, in milliseconds, is the priority each page carries to the engine (vLLM's
-priority scheduling, the fleet's request queue, the simulated engine): lower goes first.
+Inside the engine, pages carry a priority (vLLM's priority scheduling, the fleet's request
+queue, the simulated engine): their document's *virtual deadline*, its arrival time plus
+`SECONDS_PER_PAGE_LEFT` for every page it still has to do, in milliseconds; lower goes
+first. It favours short and old documents. Since ocrd keeps only a quarter of the engine's
+batch waiting inside the engine, a page waits there at most until the next running page
+finishes, also where vLLM does not preempt a running request for a waiting one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SECONDS_PER_PAGE_LEFT = 0.5
-
 
 @dataclass(eq=False)
 class Ticket:
@@ -30,17 +34,21 @@ class Ticket:
     arrival: float  # monotonic seconds
     pages_left: int
     in_flight: int = 0
+    sequence: int = 0  # breaks ties of equal arrival: first issued, first served
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     def deadline(self) -> float:
         return self.arrival + SECONDS_PER_PAGE_LEFT * self.pages_left
+
+    def fair_share_key(self) -> tuple[int, float, int]:
+        return self.in_flight, self.arrival, self.sequence
 
     def page_done(self) -> None:
         self.pages_left = max(0, self.pages_left - 1)
 
 
 class PageBudget:
-    """At most `size` pages in flight, handed out earliest-deadline-first."""
+    """At most `size` pages in flight, each free slot to the document holding fewest."""
 
     def __init__(self, size: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.size = size
@@ -48,6 +56,7 @@ class PageBudget:
         self._clock = clock
         self._free = size
         self._waiting: list[Ticket] = []
+        self._sequence = itertools.count()
 
     @property
     def in_flight(self) -> int:
@@ -58,7 +67,8 @@ class PageBudget:
         return len(self._waiting)
 
     def ticket(self, pages: int, arrival: float | None = None) -> Ticket:
-        return Ticket(self._clock() if arrival is None else arrival, pages)
+        arrival = self._clock() if arrival is None else arrival
+        return Ticket(arrival, pages, sequence=next(self._sequence))
 
     def priority(self, ticket: Ticket) -> int:
         """The page's priority for the engine: its document's deadline in ms (lower first)."""
@@ -87,7 +97,7 @@ class PageBudget:
         ticket.in_flight -= 1
         self._free += 1
         while self._free > 0 and self._waiting:
-            chosen = min(self._waiting, key=Ticket.deadline)
+            chosen = min(self._waiting, key=Ticket.fair_share_key)
             waiter = chosen._waiters.pop(0)
             if not chosen._waiters:
                 self._waiting.remove(chosen)

@@ -18,7 +18,14 @@ from urllib.parse import quote
 
 from ocrd import __version__
 from ocrd.domain import DocumentResult, DocumentSettings, Figure, PageResult
-from ocrd.files import fsync_dir, numbered, replace_file, temporary_path, write_new_file
+from ocrd.files import (
+    fsync_dir,
+    link_or_copy,
+    numbered,
+    replace_file,
+    temporary_path,
+    write_new_file,
+)
 from ocrd.grounding import Block
 from ocrd.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
 from ocrd.page import figure_box_px, page_record
@@ -162,9 +169,7 @@ def _place_figures(result: DocumentResult, assets: Path) -> None:
     staging.mkdir(parents=True)
     try:
         for path in figures:
-            shutil.copyfile(path, staging / path.name)
-            with (staging / path.name).open("rb") as handle:
-                os.fsync(handle.fileno())
+            link_or_copy(path, staging / path.name)
         fsync_dir(staging)
         os.rename(staging, assets)
     except BaseException:

@@ -42,6 +42,8 @@ if _OUT:
         return _original_run(probed(), **kwargs)
 
     def _report() -> None:
+        if not _samples:
+            return  # a child process (a render worker) that ran no event loop
         with open(_OUT, "w") as handle:
             handle.writelines(json.dumps(sample) + "\n" for sample in _samples)
 

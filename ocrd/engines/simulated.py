@@ -25,9 +25,9 @@ from ocrd.engines.slots import PrioritySlots
 
 def fingerprint(image: Image.Image) -> str:
     """A short digest of what a page looks like, cheap enough to cost a GPU's stand-in
-    nothing: a 16x16 thumbnail, not every pixel."""
-    thumbnail = image.resize((16, 16), Image.Resampling.BOX)
-    return hashlib.sha256(thumbnail.tobytes()).hexdigest()[:16]
+    nothing: 64x64 pixels sampled from the page, not every pixel."""
+    sample = image.resize((64, 64), Image.Resampling.NEAREST)
+    return hashlib.sha256(sample.tobytes()).hexdigest()[:16]
 
 
 class SimulatedEngine:
