@@ -3,6 +3,6 @@
 from importlib.metadata import PackageNotFoundError, version
 
 try:
-    __version__ = version("ocrd")
+    __version__ = version("inbox-ocrd")
 except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0+source"

@@ -84,7 +84,7 @@ def run(config_path: Path, engine: str | None, log_format: str, log_level: str) 
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
     config = _load(config_path)
-    sys.exit(asyncio.run(Daemon(config, engine).run()))
+    sys.exit(asyncio.run(Daemon(config, engine, config_path).run()))
 
 
 @main.command()
@@ -113,7 +113,10 @@ def convert(
     engine_config, pipeline_config, settings = _one_off_options(config_path)
     if engine:
         engine_config = engine_config.model_copy(update={"kind": engine})
-    failed = asyncio.run(convert_files(list(files), out, engine_config, pipeline_config, settings))
+    terminal = sys.stderr.isatty()
+    failed = asyncio.run(
+        convert_files(list(files), out, engine_config, pipeline_config, settings, terminal)
+    )
     if failed:
         click.echo(
             f"ocrd: {failed} of {len(files)} files failed; see the .error.json files in {out}",
@@ -156,6 +159,30 @@ def rerender(
         click.echo(f"ocrd: {error}", err=True)
         sys.exit(1)
     click.echo(str(files.markdown))
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The daemon's YAML configuration (for its http.listen address).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def status(config_path: Path, as_json: bool) -> None:
+    """Show what a running daemon is doing; exit 1 if it is not ready, 2 if it is not
+    reachable."""
+    from ocrd.statusclient import fetch_status, format_status
+
+    config = _load(config_path)
+    try:
+        report = fetch_status(config.http)
+    except OSError as error:
+        click.echo(f"ocrd: {error}", err=True)
+        sys.exit(2)
+    click.echo(report.model_dump_json(indent=2) if as_json else format_status(report))
+    sys.exit(0 if report.ready else 1)
 
 
 @main.command("check-config")

@@ -31,6 +31,29 @@ class Strict(BaseModel):
 DEFAULT_TEMPORARY_SUFFIXES = (".part", ".filepart", ".tmp", ".crdownload", ".partial", ".download")
 
 
+class WebhookConfig(Strict):
+    """POST of the document's summary as JSON, retried with backoff."""
+
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    secret_env: str | None = None  # environment variable holding a shared secret
+    secret_header: str = "X-Ocrd-Secret"
+    timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    retries: Annotated[int, Field(ge=0)] = 5
+
+
+class HookConfig(Strict):
+    """What to run when a document settles: a command, a webhook, or both."""
+
+    command: Annotated[tuple[str, ...], Field(min_length=1)] | None = None  # never a shell
+    webhook: WebhookConfig | None = None
+    timeout_seconds: Annotated[float, Field(gt=0)] = 60.0  # for the command
+
+
+class HooksConfig(Strict):
+    on_done: HookConfig | None = None
+    on_failed: HookConfig | None = None
+
+
 class InboxConfig(Strict):
     path: Path
     outbox: Path | None = None
@@ -59,6 +82,7 @@ class InboxConfig(Strict):
     layout_file: bool = False
     keep_raw: bool = False
     strip_headers_footers: bool = False
+    hooks: HooksConfig = HooksConfig()
 
     def derived(self, base: Path) -> InboxConfig:
         """Absolute paths, with output folders defaulting to siblings of the inbox."""
@@ -177,10 +201,34 @@ class PipelineConfig(Strict):
         return available_cpus() if self.render_workers == "auto" else self.render_workers
 
 
+class HttpConfig(Strict):
+    """The daemon's HTTP server: metrics, health, the status page."""
+
+    enabled: bool = True
+    listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}$")] = (
+        "127.0.0.1:9464"
+    )
+    token_env: str = "OCRD_HTTP_TOKEN"  # bearer token for clients other than loopback
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+    @property
+    def url(self) -> str:
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+
 class Config(Strict):
     inboxes: Annotated[tuple[InboxConfig, ...], Field(min_length=1)] = ()
     engine: EngineConfig = EngineConfig()
     pipeline: PipelineConfig = PipelineConfig()
+    http: HttpConfig = HttpConfig()
 
     @model_validator(mode="after")
     def _distinct_work_folders(self) -> Config:

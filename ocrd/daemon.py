@@ -1,4 +1,5 @@
-"""The daemon's lifecycle, top to bottom: check, start the engine, announce, serve, drain, stop.
+"""The daemon's lifecycle, top to bottom: check, start the HTTP server and the engine,
+announce, serve, drain, stop.
 
 Data flows one way through it: watch (a file becomes ready), claim (it moves into the work
 area), convert (render and recognise), write (Markdown into the outbox) and settle (the
@@ -6,11 +7,12 @@ original into done/ or failed/). What happens to one document is `ocrd/document.
 this module owns the loop that feeds documents to it.
 
 Serving is one main loop. Each tick collects the files that became ready, claims and starts
-documents, watches the engine, and at their intervals rescans the inboxes, reports status
-and pings systemd's watchdog: a stuck or dead loop stops the pings, and systemd restarts
-the service. An unexpected error in a tick is logged with its traceback and ends the daemon
-with exit status 70, as does a dead in-process engine. An unreachable inference fleet ends
-nothing: dispatching pauses until it answers again.
+documents, watches the engine, reloads the configuration when SIGHUP asked for it, and at
+their intervals rescans the inboxes, reports status and pings systemd's watchdog: a stuck
+or dead loop stops the pings, and systemd restarts the service. An unexpected error in a
+tick is logged with its traceback and ends the daemon with exit status 70, as does a dead
+in-process engine. An unreachable inference fleet ends nothing: dispatching pauses until
+it answers again.
 """
 
 from __future__ import annotations
@@ -21,20 +23,35 @@ import os
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ocrd import __version__
+from ocrd.activity import Activity
 from ocrd.claim import Claim, WorkArea
-from ocrd.config import Config
+from ocrd.config import Config, ConfigError, InboxConfig, load_config
 from ocrd.document import Documents, Inbox, still_growing
-from ocrd.domain import DocumentFailed, DocumentSettings, PageResult
+from ocrd.domain import DocumentFailed, DocumentSettings
 from ocrd.engines import Engine, EngineDeadError, EngineState, choose_engine, create_engine
 from ocrd.files import remove_stale_temporaries
+from ocrd.hooks import Hooks
 from ocrd.log import get_logger
+from ocrd.metrics import Metrics
 from ocrd.notify import SystemdNotifier
 from ocrd.pipeline import Pipeline
+from ocrd.reload import plan_reload
 from ocrd.settle import Settler
+from ocrd.status import (
+    WAITING_LISTED,
+    DocumentProgress,
+    FinishedDocument,
+    InboxStatus,
+    StatusReport,
+    WaitingFile,
+    eta,
+)
 from ocrd.watch import InboxWatcher, SettleTracker, stat_all
+from ocrd.web import Liveness, WebServer
 
 EXIT_OK = 0
 EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
@@ -42,6 +59,9 @@ EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStat
 
 TICK_SECONDS = 0.1
 HEALTH_CHECK_SECONDS = 2.0
+STUCK_AFTER_SECONDS = 10.0  # /healthz fails when the main loop has not ticked this long
+START_TIMEOUT_EXTENSION_SECONDS = 60.0  # asked of systemd again and again while loading
+START_TIMEOUT_RESEND_SECONDS = 20.0
 
 
 class StartupError(Exception):
@@ -84,23 +104,6 @@ def check_folders(config: Config, create: bool = True) -> list[str]:
     return problems
 
 
-class Throughput:
-    """Pages per second over a recent window, for the status line."""
-
-    def __init__(self, window_seconds: float = 60.0) -> None:
-        self.window = window_seconds
-        self._times: deque[float] = deque()
-
-    def add(self, _: PageResult | None = None) -> None:
-        self._times.append(time.monotonic())
-
-    def pages_per_second(self) -> float:
-        cutoff = time.monotonic() - self.window
-        while self._times and self._times[0] < cutoff:
-            self._times.popleft()
-        return len(self._times) / self.window
-
-
 class LoopLag:
     """How late the main loop's sleeps wake up: the event loop's responsiveness."""
 
@@ -123,34 +126,51 @@ class Job:
     path: Path | None = None  # a ready file in the inbox, still to be claimed
     claim: Claim | None = None  # or a claim recovered from the work area
     failure: DocumentFailed | None = None  # known to fail before it is read
+    since: float = field(default_factory=time.monotonic)  # first seen
 
     @property
     def needs_isolation(self) -> bool:
         """Struck by a crash, and not yet tried alone: it runs with nothing else in flight."""
         return self.claim is not None and self.claim.struck and not self.claim.state.alone
 
+    @property
+    def relative_path(self) -> str:
+        if self.claim is not None:
+            return self.claim.state.relative_path
+        assert self.path is not None
+        return str(self.path.relative_to(self.inbox.config.path))
+
 
 class Daemon:
-    def __init__(self, config: Config, engine_kind: str | None = None) -> None:
+    def __init__(
+        self, config: Config, engine_kind: str | None = None, config_path: Path | None = None
+    ) -> None:
         self.config = config
+        self.config_path = config_path  # re-read on SIGHUP
         self.engine_kind = engine_kind
         self.log = get_logger()
         self.notifier = SystemdNotifier()
-        self.throughput = Throughput()
+        self.activity = Activity()
+        self.metrics = Metrics(self.status_report)
+        self.hooks = Hooks(lambda *labels: self.metrics.hooks.labels(*labels).inc())
         self.lag = LoopLag()
         self.exit_code = EXIT_OK
         self.inboxes: list[Inbox] = []
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
         self.documents: Documents | None = None
+        self.web: WebServer | None = None
+        self.web_problem: str | None = None
         self.max_documents = 1
         self._stop = asyncio.Event()
+        self._reload_requested = False
         self._jobs: deque[Job] = deque()
         self._queued: set[Path] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._isolated: asyncio.Task[None] | None = None
         self._engine_state = EngineState.loading
         self._last_watchdog = 0.0
+        self._last_tick: float | None = None  # monotonic; None until serving
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -163,6 +183,7 @@ class Daemon:
             return EXIT_CONFIG
         self.install_signal_handlers()
         try:
+            await self.start_http()
             await self.start_engine()
             await self.start_inboxes()
             self.notifier.ready(self.status_line())
@@ -185,12 +206,30 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop, signum)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
 
     def request_stop(self, signum: int | None = None) -> None:
         if not self._stop.is_set():
             name = signal.Signals(signum).name if signum else None
             self.log.info("daemon.stopping", signal=name, documents_in_flight=len(self._tasks))
             self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload_requested = True  # the main loop reloads at its next tick
+
+    async def start_http(self) -> None:
+        """Early, so that /healthz and /readyz answer while the engine loads."""
+        if not self.config.http.enabled:
+            return
+        web = WebServer(self.config.http, self.status_report, self.liveness, self.metrics)
+        try:
+            address = await web.start()
+        except OSError as error:  # OCR goes on without it; the status line says so
+            self.web_problem = f"HTTP server not started on {self.config.http.listen}: {error}"
+            self.log.error("http.failed", error=self.web_problem)
+            return
+        self.web, self.web_problem = web, None
+        self.log.info("http.listening", address=address, url=f"http://{address}/")
 
     async def start_engine(self) -> None:
         engine_config = self.config.engine
@@ -201,57 +240,47 @@ class Daemon:
         self.notifier.status(f"loading the {choice.kind} engine")
         started = time.monotonic()
         self.engine = create_engine(engine_config, choice.kind)
-        await self.engine.start()
+        keep_alive = asyncio.create_task(self._extend_start_timeout(choice.kind, started))
+        try:
+            await self.engine.start()
+        finally:
+            keep_alive.cancel()
         self.log.info(
             "engine.ready", engine=choice.kind, seconds=round(time.monotonic() - started, 1)
         )
         self.watch_engine()
         side = max(inbox.max_image_side for inbox in self.config.inboxes)
         self.pipeline = Pipeline.create(self.engine, self.config.pipeline, side)
-        self.pipeline.on_page_done.append(self.throughput.add)
-        self.max_documents = self.config.pipeline.documents_in_flight_for(
-            self.engine.max_concurrency
-        )
+        self.pipeline.on_page_done += [self.activity.page_done, self.metrics.page_done]
+        self.apply_pipeline_settings()
         self.documents = Documents(self.pipeline, self.engine.name)
-        self.documents.on_storage_fault.append(lambda _: self.report_status())
+        self.documents.on_finished += [
+            lambda _, summary: self.activity.document_finished(summary),
+            lambda _, summary: self.metrics.document_finished(summary),
+            self.hooks.document_finished,
+        ]
+        self.documents.on_storage_fault += [self.metrics.storage_fault, self.report_status]
         await self.pipeline.renderers.warm_up()
 
-    async def start_inboxes(self) -> None:
-        assert self.engine is not None
-        for config in self.config.inboxes:
-            inbox = Inbox(
-                config=config,
-                work=WorkArea(config.path, config.work),
-                tracker=SettleTracker(config),
-                settler=Settler(config, self.engine.name),
-                settings=DocumentSettings.of(config),
+    async def _extend_start_timeout(self, kind: str, started: float) -> None:
+        """While a model loads, ask systemd for more time, so that no fixed start timeout
+        has to cover the slowest first download."""
+        while True:
+            elapsed = round(time.monotonic() - started)
+            self.notifier.extend_timeout(
+                START_TIMEOUT_EXTENSION_SECONDS, f"loading the {kind} engine, {elapsed} s so far"
             )
-            claims = await asyncio.to_thread(self._prepare_folders, inbox)
-            for claim in claims:
-                self.log.info(
-                    "document.recovered",
-                    doc=claim.id,
-                    path=claim.state.relative_path,
-                    attempts=claim.state.attempts,
-                )
-                self._jobs.append(Job(inbox, claim=claim))
-            inbox.watcher = InboxWatcher(config, asyncio.get_running_loop(), inbox.tracker.observe)
-            await inbox.watcher.start()
-            self.log.info("inbox.watching", inbox=str(config.path), polling=config.polling)
-            self.inboxes.append(inbox)
+            await asyncio.sleep(START_TIMEOUT_RESEND_SECONDS)
 
-    @staticmethod
-    def _prepare_folders(inbox: Inbox) -> list[Claim]:
-        """Sweep temporaries a killed run left; the claims it left, oldest first."""
-        for folder in (inbox.config.outbox, inbox.config.done, inbox.config.failed):
-            if folder is not None and folder.is_dir():
-                remove_stale_temporaries(folder)
-        return inbox.work.recover()
+    async def start_inboxes(self) -> None:
+        for config in self.config.inboxes:
+            await self.add_inbox(config)
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         tick = 0
         while not self._stop.is_set():
+            self._last_tick = time.monotonic()
             before = loop.time()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), TICK_SECONDS)
@@ -266,7 +295,7 @@ class Daemon:
         self.notifier.stopping(f"draining {len(self._tasks)} documents")
         for inbox in self.inboxes:
             if inbox.watcher is not None:
-                inbox.watcher.stop()
+                await asyncio.to_thread(inbox.watcher.stop)
         if self._tasks:
             grace = self.config.pipeline.shutdown_grace_seconds
             _, pending = await asyncio.wait(self._tasks, timeout=grace)
@@ -275,13 +304,77 @@ class Daemon:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def stop(self) -> None:
+        await self.hooks.stop()
         if self.pipeline is not None:
             self.pipeline.renderers.shutdown()
         if self.engine is not None:
             await self.engine.stop()
+        if self.web is not None:
+            await self.web.stop()
         self.log.info(
             "daemon.stopped", exit_code=self.exit_code, loop_lag_worst_ms=self._ms(self.lag.worst)
         )
+
+    # --- inboxes -----------------------------------------------------------------------
+
+    async def add_inbox(self, config: InboxConfig, recover: bool = True) -> Inbox:
+        """Serve an inbox: sweep what a killed run left, take up its claims, watch it."""
+        assert self.engine is not None
+        inbox = Inbox(
+            config=config,
+            work=WorkArea(config.path, config.work),
+            tracker=SettleTracker(config),
+            settler=Settler(config, self.engine.name),
+            settings=DocumentSettings.of(config),
+        )
+        if recover:
+            for claim in await asyncio.to_thread(self._prepare_folders, inbox):
+                self.log.info(
+                    "document.recovered",
+                    doc=claim.id,
+                    path=claim.state.relative_path,
+                    attempts=claim.state.attempts,
+                )
+                self._jobs.append(Job(inbox, claim=claim))
+        inbox.watcher = InboxWatcher(config, asyncio.get_running_loop(), inbox.tracker.observe)
+        await inbox.watcher.start()
+        self.log.info("inbox.watching", inbox=str(config.path), polling=config.polling)
+        self.inboxes.append(inbox)
+        return inbox
+
+    @staticmethod
+    def _prepare_folders(inbox: Inbox) -> list[Claim]:
+        """Sweep temporaries a killed run left; the claims it left, oldest first."""
+        for folder in (inbox.config.outbox, inbox.config.done, inbox.config.failed):
+            if folder is not None and folder.is_dir():
+                remove_stale_temporaries(folder)
+        return inbox.work.recover()
+
+    async def remove_inbox(self, path: Path) -> Inbox | None:
+        """Stop watching an inbox. Files not yet claimed stay in it; documents already
+        claimed from it finish under its settings."""
+        inbox = next((i for i in self.inboxes if i.config.path == path), None)
+        if inbox is None:
+            return None
+        if inbox.watcher is not None:
+            await asyncio.to_thread(inbox.watcher.stop)
+        self.inboxes.remove(inbox)
+        unclaimed = [job for job in self._jobs if job.inbox is inbox and job.claim is None]
+        for job in unclaimed:
+            self._jobs.remove(job)
+            self._queued.discard(job.path)  # type: ignore[arg-type]
+        self.log.info("inbox.removed", inbox=str(path), files_left_unclaimed=len(unclaimed))
+        return inbox
+
+    async def replace_inbox(self, config: InboxConfig) -> None:
+        """New settings for an inbox: files not yet claimed get them; documents in flight
+        (and claims recovered at start) keep the ones they started with."""
+        old = await self.remove_inbox(config.path)
+        new = await self.add_inbox(config, recover=False)
+        if old is not None:
+            for job in self._jobs:
+                if job.inbox is old and job.claim is None:
+                    job.inbox = new
 
     # --- serving -----------------------------------------------------------------------
 
@@ -290,6 +383,9 @@ class Daemon:
         await self.collect_ready_files()
         self.watch_engine()
         await self.dispatch()
+        if self._reload_requested:
+            self._reload_requested = False
+            await self.reload()
         if self._due(tick, self.config.pipeline.rescan_interval_seconds):
             for inbox in self.inboxes:
                 if inbox.watcher is not None:
@@ -315,7 +411,7 @@ class Daemon:
                     continue
                 self._queued.add(ready.path)
                 failure = still_growing(inbox.config) if ready.still_growing else None
-                self._jobs.append(Job(inbox, path=ready.path, failure=failure))
+                self._jobs.append(Job(inbox, ready.path, failure=failure, since=ready.first_seen))
 
     def watch_engine(self) -> None:
         """Log the engine's changes of state; a dead engine ends the daemon."""
@@ -419,32 +515,165 @@ class Daemon:
             self.exit_code = EXIT_FATAL
             self._stop.set()
 
+    # --- reloading ---------------------------------------------------------------------
+
+    async def reload(self) -> None:
+        """Re-read the configuration file (SIGHUP); an invalid one changes nothing."""
+        self.notifier.reloading()
+        if self.config_path is None:
+            self.log.warning("config.reload_failed", reason="no configuration file to re-read")
+            self.notifier.ready(self.status_line())
+            return
+        try:
+            new = await asyncio.to_thread(load_config, self.config_path)
+            problems = await asyncio.to_thread(check_folders, new)
+            if problems:
+                raise ConfigError("\n".join(problems))
+        except ConfigError as error:
+            self.log.error(
+                "config.reload_failed",
+                reason=str(error),
+                action="the configuration in use stays in effect; fix the file and reload again",
+            )
+            self.notifier.ready(self.status_line())
+            return
+        plan = plan_reload(self.config, new)
+        for line in plan.refused:
+            self.log.warning("config.reload_refused", reason=line)
+        for path in plan.removed:
+            await self.remove_inbox(path)
+        for config in plan.changed:
+            await self.replace_inbox(config)
+        for config in plan.added:
+            await self.add_inbox(config)
+        http_changed = plan.http_changed
+        self.config = plan.config
+        self.apply_pipeline_settings()
+        if http_changed:
+            if self.web is not None:
+                await self.web.stop()
+                self.web = None
+            await self.start_http()
+        self.log.info(
+            "config.reloaded",
+            added=[str(i.path) for i in plan.added],
+            removed=[str(p) for p in plan.removed],
+            changed=[str(i.path) for i in plan.changed],
+            http_restarted=http_changed,
+            refused=len(plan.refused),
+        )
+        self.notifier.ready(self.status_line())
+
+    def apply_pipeline_settings(self) -> None:
+        """The pipeline settings that take effect while running (see ocrd/reload.py)."""
+        assert self.engine is not None and self.pipeline is not None
+        settings = self.config.pipeline
+        self.max_documents = settings.documents_in_flight_for(self.engine.max_concurrency)
+        self.pipeline.page_retries = settings.page_retries
+        self.pipeline.retry_backoff_seconds = settings.page_retry_backoff_seconds
+
     # --- reporting -----------------------------------------------------------------------
 
     @property
     def waiting(self) -> int:
         return len(self._jobs) + sum(len(inbox.tracker) for inbox in self.inboxes)
 
-    def status_line(self) -> str:
+    def problems(self) -> list[str]:
+        """What keeps ocrd from being ready, or needs an operator; empty when all is well."""
         problems = []
-        if self.engine is not None and self.engine.health.state is EngineState.unreachable:
-            health = self.engine.health
+        health = self.engine.health if self.engine is not None else None
+        if health is None or health.state is EngineState.loading:
+            problems.append("the engine is loading")
+        elif health.state is EngineState.unreachable:
             problems.append(
                 f"INFERENCE FLEET UNREACHABLE since {_clock(health.since)}, retrying: "
                 f"{health.problem}"
             )
+        elif health.state is EngineState.dead:
+            problems.append(f"the engine died: {health.problem}")
         if self.documents is not None and self.documents.storage.fault:
             problems.append(f"STORAGE FAULT, retrying: {self.documents.storage.fault}")
         for inbox in self.inboxes:
             if inbox.watcher is not None and inbox.watcher.missing:
                 problems.append(f"INBOX MISSING: {inbox.config.path}")
+            elif inbox.watcher is None or not inbox.watcher.watching:
+                problems.append(f"inbox not watched: {inbox.config.path}")
+        if self._stop.is_set():
+            problems.append("stopping")
+        return problems
+
+    def status_line(self) -> str:
+        problems = [p for p in self.problems() if p != "the engine is loading"]
+        if self.web_problem:
+            problems.append(self.web_problem)
         pages = self.pipeline.pages_in_flight if self.pipeline else 0
         return "".join(f"{p}; " for p in problems) + (
             f"{self.waiting} waiting, {len(self._tasks)} documents ({pages} pages) in flight, "
-            f"{self.throughput.pages_per_second():.2f} pages/s"
+            f"{self.activity.pages_per_second():.2f} pages/s"
         )
 
-    def report_status(self) -> None:
+    def status_report(self) -> StatusReport:
+        now = time.monotonic()
+        problems = self.problems()
+        health = self.engine.health if self.engine is not None else None
+        return StatusReport(
+            version=__version__,
+            engine=self.engine.name if self.engine is not None else "loading",
+            engine_state=(health.state if health else EngineState.loading).value,
+            ready=not problems,
+            problems=problems,
+            pages_per_second=round(self.activity.pages_per_second(), 3),
+            documents_in_flight=len(self._tasks),
+            pages_in_flight=self.pipeline.pages_in_flight if self.pipeline else 0,
+            inboxes=[self._inbox_status(inbox, now) for inbox in self.inboxes],
+            finished=[FinishedDocument.of(s) for s in self.activity.finished],
+            history=self.activity.history(),
+        )
+
+    def _inbox_status(self, inbox: Inbox, now: float) -> InboxStatus:
+        root = inbox.config.path
+        waiting = [
+            WaitingFile(path=str(path.relative_to(root)), waiting_seconds=now - seen, ready=False)
+            for path, seen in inbox.tracker.waiting()
+        ] + [
+            WaitingFile(path=job.relative_path, waiting_seconds=now - job.since, ready=True)
+            for job in self._jobs
+            if job.inbox is inbox
+        ]
+        waiting.sort(key=lambda f: -f.waiting_seconds)
+        in_flight = [
+            DocumentProgress(
+                doc=flight.doc,
+                path=flight.path,
+                pages=flight.progress.pages or None,
+                pages_done=flight.progress.done,
+                seconds=round(now - flight.progress.started, 1),
+                eta_seconds=eta(
+                    flight.progress.pages, flight.progress.done, now - flight.progress.started
+                ),
+                alone=flight.alone,
+            )
+            for flight in (self.documents.in_flight.values() if self.documents else ())
+            if flight.inbox == str(root)
+        ]
+        return InboxStatus(
+            path=str(root),
+            watching=inbox.watcher is not None and inbox.watcher.watching,
+            waiting_count=len(waiting),
+            oldest_waiting_seconds=round(waiting[0].waiting_seconds, 1) if waiting else None,
+            waiting=[w.model_copy(update={"waiting_seconds": round(w.waiting_seconds, 1)})
+                     for w in waiting[:WAITING_LISTED]],
+            in_flight=in_flight,
+        )  # fmt: skip
+
+    def liveness(self) -> Liveness:
+        """The main loop is alive if it ticked lately (or has not started serving yet)."""
+        if self._last_tick is None:
+            return Liveness(True, 0.0)
+        since = time.monotonic() - self._last_tick
+        return Liveness(since < STUCK_AFTER_SECONDS, since)
+
+    def report_status(self, *_: object) -> None:
         self.notifier.status(self.status_line())
         self.log.debug(
             "daemon.status",

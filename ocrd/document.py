@@ -132,7 +132,9 @@ class Documents:
         self.engine = engine
         self.storage = StorageHealth()
         self.in_flight: dict[str, InFlight] = {}
-        self.on_finished: list[Callable[[DocumentSummary], None]] = []
+        # Told of every settled document, with its inbox's settings as they were when it
+        # started (hooks, metrics, the status page).
+        self.on_finished: list[Callable[[InboxConfig, DocumentSummary], None]] = []
         self.on_storage_fault: list[Callable[[str], None]] = []
 
     async def run(
@@ -249,7 +251,7 @@ class Documents:
             summary.unfinished_pages = result.unfinished_pages
             summary.retried_pages = result.retried_pages
             summary.markdown = settlement.markdown
-            self._finished(summary, log)
+            self._finished(inbox, summary, log)
             return
         assert refused is not None
         failure = (
@@ -286,8 +288,9 @@ class Documents:
             )
         summary = self._summary(inbox, claim, Outcome.failed, started, settlement)
         summary.stage, summary.page, summary.reason = failure.stage, failure.page, failure.message
+        summary.code = failure.code
         summary.error_report = settlement.error_report
-        self._finished(summary, log)
+        self._finished(inbox, summary, log)
 
     def _summary(
         self,
@@ -309,14 +312,14 @@ class Documents:
             finished_at=time.time(),
         )
 
-    def _finished(self, summary: DocumentSummary, log: FilteringBoundLogger) -> None:
+    def _finished(self, inbox: Inbox, summary: DocumentSummary, log: FilteringBoundLogger) -> None:
         event = summary.event()
         if summary.outcome is Outcome.done:
             log.info("document.finished", **event)
         else:
             log.warning("document.finished", **event)
         for listener in self.on_finished:
-            listener(summary)
+            listener(inbox.config, summary)
 
     @staticmethod
     def _name_refused(error: StorageRefused, naming: Naming, log: FilteringBoundLogger) -> None:

@@ -111,12 +111,18 @@ class DocumentFailed(Exception):
     """The document cannot be converted; it goes to failed/ with this reason."""
 
     def __init__(
-        self, stage: Stage, message: str, page: int | None = None, error_type: str = ""
+        self,
+        stage: Stage,
+        message: str,
+        page: int | None = None,
+        error_type: str = "",
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.stage = Stage(stage)
         self.page = page
         self.error_type = error_type or type(self).__name__
+        self.code = code  # a short reason for metrics: "encrypted", "timeout", ...
 
     @property
     def message(self) -> str:
@@ -218,6 +224,7 @@ class DocumentSummary:
     stage: Stage | None = None  # for failures
     page: int | None = None
     reason: str | None = None
+    code: str | None = None  # a short reason for metrics
     error_report: str | None = None
     finished_at: float = 0.0  # wall-clock seconds
 

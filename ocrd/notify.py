@@ -6,6 +6,7 @@ Without NOTIFY_SOCKET in the environment (not started by systemd) every call doe
 from __future__ import annotations
 
 import os
+import time
 
 import sdnotify
 
@@ -32,6 +33,15 @@ class SystemdNotifier:
 
     def ready(self, status: str) -> None:
         self._send(f"READY=1\nSTATUS={status}")
+
+    def reloading(self) -> None:
+        """Type=notify-reload: the reload starts; READY=1 follows when it is done."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self._send(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading the configuration")
+
+    def extend_timeout(self, seconds: float, status: str) -> None:
+        """Ask systemd for `seconds` more to start (re-sent while a model loads)."""
+        self._send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}\nSTATUS={status}")
 
     def status(self, status: str) -> None:
         self._send(f"STATUS={status}")

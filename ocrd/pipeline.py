@@ -110,16 +110,22 @@ class Pipeline:
         try:
             fmt = await asyncio.to_thread(detect_format, path)
         except RenderError as error:
-            raise DocumentFailed(Stage.detect, str(error), error_type="UnsupportedInput") from None
+            raise DocumentFailed(
+                Stage.detect, str(error), error_type="UnsupportedInput", code=error.code
+            ) from None
         except OSError as error:
-            raise DocumentFailed(Stage.detect, f"cannot read the file: {error.strerror}") from None
+            raise DocumentFailed(
+                Stage.detect, f"cannot read the file: {error.strerror}", code="unreadable"
+            ) from None
         document = Document(path, fmt, settings.render)
         try:
             pages = await self._pages(document, settings, scratch, log, journal, progress, arrival)
         except BaseExceptionGroup as group:
             raise _document_failure(group) from None
         except RenderError as error:
-            raise DocumentFailed(Stage.render, str(error), error.page, "RenderError") from None
+            raise DocumentFailed(
+                Stage.render, str(error), error.page, "RenderError", error.code
+            ) from None
         result = DocumentResult(fmt, pages, time.monotonic() - started)
         if result.unfinished_pages and settings.unfinished_pages == "failed":
             raise DocumentFailed(
@@ -280,7 +286,7 @@ def _document_failure(group: BaseExceptionGroup) -> BaseException:
             return error
     error = errors[0]
     if isinstance(error, RenderError):
-        return DocumentFailed(Stage.render, str(error), error.page, "RenderError")
+        return DocumentFailed(Stage.render, str(error), error.page, "RenderError", error.code)
     if isinstance(error, EngineError):
         return DocumentFailed(Stage.recognise, str(error), error.page, "EngineError")
     return error  # a bug in ocrd: let it surface with its traceback

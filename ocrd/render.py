@@ -41,11 +41,14 @@ FIGURE_PNG_LEVEL = 3  # zlib level for figure files: much faster than 6, a few %
 
 
 class RenderError(Exception):
-    """A document or one of its pages could not be rendered; the message is for users."""
+    """A document or one of its pages could not be rendered; the message is for users, the
+    code (empty, unsupported, damaged, encrypted, no_pages, too_large, image, timeout,
+    crashed, out_of_memory, error) for metrics."""
 
-    def __init__(self, message: str, page: int | None = None) -> None:
+    def __init__(self, message: str, page: int | None = None, code: str = "error") -> None:
         super().__init__(message)
         self.page = page
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def detect_format(path: Path) -> InputFormat:
     with path.open("rb") as handle:
         head = handle.read(1024)
     if not head:
-        raise RenderError("the file is empty (0 bytes)")
+        raise RenderError("the file is empty (0 bytes)", code="empty")
     for signature, fmt in _SIGNATURES:
         if head.startswith(signature):
             return fmt
@@ -88,7 +91,8 @@ def detect_format(path: Path) -> InputFormat:
         return InputFormat.pdf
     raise RenderError(
         f"not a PDF, TIFF, PNG or JPEG file (it starts with {head[:8]!r}); "
-        "ocrd recognises inputs by their content, not by their name"
+        "ocrd recognises inputs by their content, not by their name",
+        code="unsupported",
     )
 
 
@@ -129,16 +133,21 @@ class _PdfSource:
             self.doc = pymupdf.open(path, filetype="pdf")
         except Exception as error:  # MuPDF raises its own types for broken files
             detail = str(error).replace(str(path), path.name)
-            raise RenderError(f"the PDF is damaged beyond repair (MuPDF: {detail})") from None
+            raise RenderError(
+                f"the PDF is damaged beyond repair (MuPDF: {detail})", code="damaged"
+            ) from None
         if self.doc.needs_pass and not self._unlock():
             tried = len(settings.passwords)
             raise RenderError(
                 f"encrypted, no password matched (tried {tried} from the inbox's 'passwords'"
-                " list); add its password there and drop the file in again"
+                " list); add its password there and drop the file in again",
+                code="encrypted",
             )
         self.page_count = self.doc.page_count
         if self.page_count == 0:
-            raise RenderError("no pages: the PDF is empty or its page tree is damaged")
+            raise RenderError(
+                "no pages: the PDF is empty or its page tree is damaged", code="no_pages"
+            )
 
     def _unlock(self) -> bool:
         return any(self.doc.authenticate(password) for password in ("", *self.settings.passwords))
@@ -150,7 +159,7 @@ class _PdfSource:
         rect = page.rect
         longest = max(rect.width, rect.height)
         if longest <= 0:
-            raise RenderError(f"page {number} has no area", page=number)
+            raise RenderError(f"page {number} has no area", page=number, code="damaged")
         full = self.settings.dpi / 72
         width, height = round(rect.width * full), round(rect.height * full)
         if width * height > self.limits.max_page_pixels:
@@ -158,6 +167,7 @@ class _PdfSource:
                 f"page {number} is {width}x{height} px at {self.settings.dpi} DPI, over the limit "
                 f"of {self.limits.max_page_pixels} pixels (pipeline.max_page_pixels)",
                 page=number,
+                code="too_large",
             )
         zoom = min(full, self.settings.max_image_side / longest)
         pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False, colorspace="rgb")
@@ -208,10 +218,10 @@ class _RasterSource:
             self.image = Image.open(path)
         except Image.DecompressionBombError:
             raise RenderError(
-                f"the image is over the limit of {limits.max_page_pixels} pixels"
+                f"the image is over the limit of {limits.max_page_pixels} pixels", code="too_large"
             ) from None
         except Exception as error:
-            raise RenderError(f"cannot open the image: {error}") from None
+            raise RenderError(f"cannot open the image: {error}", code="image") from None
         self.page_count = getattr(self.image, "n_frames", 1)
 
     def _frame(self, number: int) -> Image.Image:
@@ -222,6 +232,7 @@ class _RasterSource:
                 f"page {number} is {width}x{height} px, over the limit of "
                 f"{self.limits.max_page_pixels} pixels",
                 page=number,
+                code="too_large",
             )
         return self.image.convert("RGB")
 
@@ -312,18 +323,20 @@ def _worker_main(
         try:
             conn.send(("ok", _serve(request, sources, context)))
         except RenderError as error:
-            conn.send(("error", str(error), error.page))
+            conn.send(("error", str(error), error.page, error.code))
         except Exception as error:  # MemoryError, MuPDF's own errors, anything else
             page = request[2] if request[0] in ("render", "figures") else None
+            code = "error"
             if isinstance(error, MemoryError) or "malloc" in str(error):
                 where = f"page {page}" if page else "the document"
                 message = (
                     f"rendering {where} needs more than the {limits.memory_limit_mb} MB "
                     "a renderer may use (pipeline.render_memory_limit_mb)"
                 )
+                code = "out_of_memory"
             else:
                 message = f"{type(error).__name__}: {error}"
-            conn.send(("error", message, page))
+            conn.send(("error", message, page, code))
 
 
 # --- the parent side ----------------------------------------------------------------------
@@ -395,7 +408,7 @@ class RenderWorker:
         self._conn.send(request)
         reply = self._conn.recv()
         if reply[0] == "error":
-            raise RenderError(reply[1], page=reply[2])
+            raise RenderError(reply[1], page=reply[2], code=reply[3])
         if request[0] == "render":
             return self._page_image(request[2], reply[1])
         return reply[1]
@@ -427,12 +440,13 @@ class RenderWorker:
             raise RenderError(
                 f"{what} took longer than {self.limits.page_timeout_seconds:g} s and was stopped",
                 page=page,
+                code="timeout",
             ) from None
         except (EOFError, ConnectionError, OSError):
             code = self._process.exitcode if self._process else None
             self.kill()
             raise RenderError(
-                f"the renderer crashed on {what} (exit code {code})", page=page
+                f"the renderer crashed on {what} (exit code {code})", page=page, code="crashed"
             ) from None
 
     async def open_document(self, key: DocumentKey) -> int:
@@ -443,7 +457,7 @@ class RenderWorker:
             return self.open[key]
         pages = await self.request(("open", key), "opening the document", None)
         if pages < 1:
-            raise RenderError("the document has no pages")
+            raise RenderError("the document has no pages", code="no_pages")
         self.open[key] = pages
         while len(self.open) > OPEN_DOCUMENTS_PER_WORKER:
             self.open.popitem(last=False)

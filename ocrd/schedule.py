@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 SECONDS_PER_PAGE_LEFT = 0.5
 
+
 @dataclass(eq=False)
 class Ticket:
     """One document's place in the schedule."""

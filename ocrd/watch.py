@@ -97,6 +97,7 @@ class _Candidate:
 @dataclass(frozen=True)
 class Ready:
     path: Path
+    first_seen: float  # monotonic
     still_growing: bool = False  # never settled within max_settle_wait_seconds
 
 
@@ -119,8 +120,9 @@ class SettleTracker:
         """When the longest-waiting candidate was first seen (monotonic), or None."""
         return min((c.first_seen for c in self._candidates.values()), default=None)
 
-    def paths(self) -> list[Path]:
-        return list(self._candidates)
+    def waiting(self) -> list[tuple[Path, float]]:
+        """Each candidate and when it was first seen (monotonic)."""
+        return [(path, candidate.first_seen) for path, candidate in self._candidates.items()]
 
     def observe(self, path: Path) -> None:
         """Something happened to `path` (an event, a scan): look at it at the next tick."""
@@ -168,10 +170,10 @@ class SettleTracker:
                 candidate.signature, candidate.stable_since = signature, now
             if now - candidate.stable_since >= self.inbox.settle_seconds:
                 self._forget(path)
-                ready.append(Ready(path))
+                ready.append(Ready(path, candidate.first_seen))
             elif now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self._forget(path)
-                ready.append(Ready(path, still_growing=True))
+                ready.append(Ready(path, candidate.first_seen, still_growing=True))
             else:
                 self._look_at(path, candidate, candidate.stable_since + self.inbox.settle_seconds)
         return ready

@@ -61,6 +61,7 @@ def write_config(folder: Path, inbox: dict[str, Any] | None = None, **sections: 
         "inboxes": [{"path": "data/inbox", "settle_seconds": 0.5, **(inbox or {})}],
         "engine": {"kind": "simulated", "simulated": {"seconds_per_page": 0.05}},
         "pipeline": {"rescan_interval_seconds": 2, "status_interval_seconds": 0.5},
+        "http": {"listen": "127.0.0.1:0"},  # a free port: the log's http.listening has it
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}

@@ -196,3 +196,43 @@ def test_convert_command(tmp_path: Path, corpus: Path) -> None:
     assert json.loads((out / "notes.error.json").read_text())["stage"] == "detect"
     assert original.read_bytes() == before and bad.exists()
     assert "1 of 2 files failed" in result.stderr
+    # Not a terminal: plain progress lines, one when each file is done.
+    assert "ocrmypdf__linn.pdf: page 1/1, done" in result.stderr
+    assert "notes.pdf: page ?, failed" in result.stderr
+
+
+def test_convert_shows_a_progress_bar_per_file_on_a_terminal(tmp_path: Path) -> None:
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    pdfs = [make_pdf(tmp_path / f"volume{n}.pdf", 6) for n in (1, 2)]
+    config = write_config(
+        tmp_path, engine={"simulated": {"seconds_per_page": 0.3, "capacity": 2}}
+    )
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ocrd", "convert", *map(str, pdfs), "--out",
+         str(tmp_path / "out"), "--config", str(config), "--engine", "simulated",
+         "--log-level", "warning"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal,
+        env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+    )  # fmt: skip
+    os.close(terminal)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the terminal closed: the command is done
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(controller)
+    assert process.wait(timeout=120) == 0
+    text = screen.decode(errors="replace")
+    for name in ("volume1.pdf", "volume2.pdf"):
+        assert name in text
+    assert "6/6 pages" in text and "pages/s" in text and "s left" in text
+    assert "━" in text  # rich's bar

@@ -6,6 +6,7 @@ import json
 import signal
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -25,6 +26,7 @@ def vllm_config(folder: Path, model: Path, inboxes: list[dict], **pipeline: obje
         "inboxes": [{**PAGE, **inbox} for inbox in inboxes],
         "engine": vllm_engine_section(model),
         "pipeline": {"status_interval_seconds": 1, **pipeline},
+        "http": {"listen": "127.0.0.1:0"},
     }
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -36,7 +38,7 @@ def overlap(a: list[float], b: list[float]) -> float:
 
 
 def test_documents_end_to_end_with_pages_batched_together(
-    tmp_path: Path, tiny_model: Path, start_daemon
+    tmp_path: Path, tiny_model: Path, start_daemon, notify_socket
 ) -> None:
     config = vllm_config(
         tmp_path,
@@ -46,13 +48,25 @@ def test_documents_end_to_end_with_pages_batched_together(
             {"path": "strict/inbox", "unfinished_pages": "failed"},
         ],
     )
-    daemon = start_daemon(config)
+    daemon = start_daemon(config, env={"NOTIFY_SOCKET": str(notify_socket.path)})
+    url = f"http://{daemon.wait_for('http.listening', timeout=60)[0]['address']}"
+    loading = httpx.get(f"{url}/readyz", timeout=10)  # answers while the model loads
     daemon.wait_for("daemon.ready", timeout=300)
     make_pdf(tmp_path / "keep" / "inbox" / "three.pdf", 3)
     make_pdf(tmp_path / "keep" / "inbox" / "two.pdf", 2)
     make_pdf(tmp_path / "strict" / "inbox" / "one.pdf", 1)
     finished = daemon.wait_for("document.finished", timeout=600, count=3)
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
     assert daemon.stop() == 0
+
+    assert loading.status_code == 503 and "the engine is loading" in loading.json()["problems"]
+    ready_at = next(i for i, m in enumerate(notify_socket.messages) if "READY=1" in m)
+    assert any(
+        "EXTEND_TIMEOUT_USEC=" in m and "loading the vllm engine" in m
+        for m in notify_socket.messages[:ready_at]
+    )
+    assert "ocrd_pages_recognised_total" in metrics
+    assert "vllm:num_requests_running" in metrics  # vLLM's own metrics on the same endpoint
 
     outcomes = {e["path"]: e["outcome"] for e in finished}
     assert outcomes == {"three.pdf": "done", "two.pdf": "done", "one.pdf": "failed"}

@@ -38,7 +38,7 @@ def choose_engine(config: EngineConfig) -> EngineChoice:
     if config.kind != "auto":  # openai is never guessed: it needs a server's address
         return EngineChoice(config.kind, "set in the configuration")
     if importlib.util.find_spec("vllm") is None:
-        return EngineChoice("rapidocr", "vLLM is not installed (pip install 'ocrd[vllm]')")
+        return EngineChoice("rapidocr", "vLLM is not installed (pip install 'inbox-ocrd[vllm]')")
     if not cuda_available():
         return EngineChoice("rapidocr", "vLLM is installed but no CUDA GPU is visible")
     return EngineChoice("vllm", "vLLM is installed and a CUDA GPU is visible")

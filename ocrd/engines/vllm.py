@@ -84,15 +84,19 @@ class VllmEngine:
         )
 
     async def start(self) -> None:
+        # Importing vLLM and loading the model take minutes and block: in a thread, so that
+        # the event loop keeps answering /healthz and asking systemd for more time.
+        self._engine = await asyncio.to_thread(self._load)
+        self.health.set(EngineState.ready)
+
+    def _load(self) -> Any:
+        from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
         self._dead_errors = (VllmEngineDeadError,)
         self._params = self.sampling_params()
-        from vllm import AsyncEngineArgs
-
-        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
-        self.health.set(EngineState.ready)
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
 
     async def check_health(self) -> None:
         try:

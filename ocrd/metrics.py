@@ -1,0 +1,150 @@
+"""Prometheus metrics: counters fed by the pipeline's events, gauges read from the status
+report at each scrape. They live in a registry of their own; the exposition adds the
+process-wide default registry, where the in-process vLLM engine keeps its `vllm:*` metrics
+(and prometheus-client its `process_*` ones)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ocrd.domain import DocumentSummary, Outcome, PageResult
+from ocrd.engines import EngineState
+from ocrd.status import StatusReport
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PAGE_SECONDS = (0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
+DOCUMENT_SECONDS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
+
+
+def size_class(pages: int) -> str:
+    """Documents are bucketed by page count, so a book's time does not hide a scan's."""
+    if pages <= 1:
+        return "1"
+    if pages <= 10:
+        return "2-10"
+    if pages <= 100:
+        return "11-100"
+    return "101+"
+
+
+class _StateCollector(Collector):
+    """Gauges of the moment, from the status report."""
+
+    def __init__(self, report: Callable[[], StatusReport]) -> None:
+        self.report = report
+
+    def collect(self) -> Iterator[Metric]:
+        report = self.report()
+        waiting = GaugeMetricFamily(
+            "ocrd_files_waiting", "Files in an inbox not yet claimed", labels=["inbox"]
+        )
+        oldest = GaugeMetricFamily(
+            "ocrd_oldest_waiting_file_seconds",
+            "Age of the oldest file waiting in an inbox (0 when none waits)",
+            labels=["inbox"],
+        )
+        for inbox in report.inboxes:
+            waiting.add_metric([inbox.path], inbox.waiting_count)
+            oldest.add_metric([inbox.path], inbox.oldest_waiting_seconds or 0.0)
+        yield waiting
+        yield oldest
+        yield GaugeMetricFamily(
+            "ocrd_documents_in_flight", "Documents claimed and being processed",
+            value=report.documents_in_flight,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "ocrd_pages_in_flight", "Pages rendered and not yet recognised",
+            value=report.pages_in_flight,
+        )  # fmt: skip
+        state = GaugeMetricFamily(
+            "ocrd_engine_state", "1 for the engine's current state", labels=["state"]
+        )
+        for value in EngineState:
+            state.add_metric([value.value], 1.0 if report.engine_state == value.value else 0.0)
+        yield state
+        yield GaugeMetricFamily(
+            "ocrd_ready", "1 when ocrd is ready (see /readyz)", value=1.0 if report.ready else 0.0
+        )
+
+
+class Metrics:
+    def __init__(self, report: Callable[[], StatusReport]) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.documents = Counter(
+            "ocrd_documents_finished", "Documents settled, by inbox, outcome and failed stage",
+            ["inbox", "outcome", "stage"], registry=registry,
+        )  # fmt: skip
+        self.document_seconds = Histogram(
+            "ocrd_document_seconds", "Seconds from a document's start to its settlement",
+            ["pages"], buckets=DOCUMENT_SECONDS, registry=registry,
+        )  # fmt: skip
+        self.pages = Counter(
+            "ocrd_pages_recognised", "Pages recognised, by finish reason and prompt",
+            ["finish_reason", "prompt"], registry=registry,
+        )  # fmt: skip
+        self.page_seconds = Histogram(
+            "ocrd_page_seconds", "Seconds a page spent in the engine (queue included)",
+            buckets=PAGE_SECONDS, registry=registry,
+        )  # fmt: skip
+        self.retried = Counter(
+            "ocrd_pages_retried", "Unfinished pages sent again with the plain-text prompt",
+            registry=registry,
+        )  # fmt: skip
+        self.unfinished = Counter(
+            "ocrd_pages_unfinished", "Pages left unfinished (length, repetition, a loop)",
+            registry=registry,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "ocrd_prompt_tokens", "Prompt tokens of recognised pages", registry=registry
+        )
+        self.completion_tokens = Counter(
+            "ocrd_completion_tokens", "Completion tokens of recognised pages", registry=registry
+        )
+        self.storage_faults = Counter(
+            "ocrd_storage_faults", "Storage errors met while settling (each retry counts)",
+            registry=registry,
+        )  # fmt: skip
+        self.render_failures = Counter(
+            "ocrd_render_failures", "Documents that failed to open or render, by reason",
+            ["reason"], registry=registry,
+        )  # fmt: skip
+        self.hooks = Counter(
+            "ocrd_hook_runs", "Hooks run after settling, by event, kind and result",
+            ["event", "kind", "result"], registry=registry,
+        )  # fmt: skip
+        registry.register(_StateCollector(report))
+
+    def page_done(self, page: PageResult) -> None:
+        self.pages.labels(page.finish_reason, page.prompt.value).inc()
+        self.page_seconds.observe(page.text.seconds)
+        self.prompt_tokens.inc(page.text.prompt_tokens)
+        self.completion_tokens.inc(page.text.completion_tokens)
+        if page.retried:
+            self.retried.inc()
+        if page.unfinished:
+            self.unfinished.inc()
+
+    def document_finished(self, summary: DocumentSummary) -> None:
+        stage = summary.stage.value if summary.stage else ""
+        self.documents.labels(summary.inbox, summary.outcome.value, stage).inc()
+        self.document_seconds.labels(size_class(summary.pages)).observe(summary.seconds)
+        if summary.outcome is Outcome.failed and stage in ("detect", "render"):
+            self.render_failures.labels(summary.code or stage).inc()
+
+    def storage_fault(self, _: str) -> None:
+        self.storage_faults.inc()
+
+    def exposition(self) -> bytes:
+        """ocrd's metrics, then the process-wide registry's (vLLM's, the process's)."""
+        return generate_latest(self.registry) + generate_latest(REGISTRY)

@@ -1,0 +1,74 @@
+"""Reloading the configuration (SIGHUP, `systemctl reload ocrd`) without reloading the model.
+
+`plan_reload` compares the configuration in use with the one just read and says what can
+take effect now: inboxes added, removed or changed (documents in flight finish under the
+settings they started with), the HTTP server, and the pipeline settings that the running
+parts read as they go. What would need new processes or a new engine (the `engine`
+section, the page budget, the render workers and their limits) is refused with a line
+saying a restart is needed, and the running value is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ocrd.config import Config, InboxConfig
+
+LIVE_PIPELINE_SETTINGS = frozenset(
+    {
+        "max_documents_in_flight",
+        "rescan_interval_seconds",
+        "status_interval_seconds",
+        "shutdown_grace_seconds",
+        "page_retries",
+        "page_retry_backoff_seconds",
+    }
+)
+
+
+@dataclass
+class ReloadPlan:
+    config: Config  # the configuration to run with from now on
+    added: list[InboxConfig] = field(default_factory=list)
+    removed: list[Path] = field(default_factory=list)
+    changed: list[InboxConfig] = field(default_factory=list)
+    http_changed: bool = False
+    refused: list[str] = field(default_factory=list)  # one line each, for the log
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.added or self.removed or self.changed or self.http_changed)
+
+
+def plan_reload(old: Config, new: Config) -> ReloadPlan:
+    refused = []
+    if new.engine != old.engine:
+        refused.append(
+            "engine: the engine section changed, which needs a restart "
+            "(systemctl restart ocrd); the running engine keeps its settings"
+        )
+    pipeline = dict(old.pipeline)
+    for key, value in new.pipeline:
+        if value == pipeline[key]:
+            continue
+        if key in LIVE_PIPELINE_SETTINGS:
+            pipeline[key] = value
+        else:
+            refused.append(
+                f"pipeline.{key}: changing it needs a restart (systemctl restart ocrd); "
+                f"keeping {pipeline[key]!r}"
+            )
+    before = {inbox.path: inbox for inbox in old.inboxes}
+    after = {inbox.path: inbox for inbox in new.inboxes}
+    applied = new.model_copy(
+        update={"engine": old.engine, "pipeline": old.pipeline.model_copy(update=pipeline)}
+    )
+    return ReloadPlan(
+        config=applied,
+        added=[inbox for path, inbox in after.items() if path not in before],
+        removed=[path for path in before if path not in after],
+        changed=[inbox for path, inbox in after.items() if before.get(path, inbox) != inbox],
+        http_changed=new.http != old.http,
+        refused=refused,
+    )

@@ -1,0 +1,84 @@
+"""The daemon's state as one report: what `/api/status`, the status page and `ocrd status`
+show. Built on the event loop from what the daemon holds; no file is touched."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from ocrd.domain import DocumentSummary, Outcome
+
+WAITING_LISTED = 100  # waiting files listed per inbox; the count covers all of them
+
+
+class WaitingFile(BaseModel):
+    path: str  # relative to the inbox
+    waiting_seconds: float
+    ready: bool  # settled and queued for a document slot (else still settling)
+
+
+class DocumentProgress(BaseModel):
+    doc: str
+    path: str
+    pages: int | None  # known once the document is open
+    pages_done: int
+    seconds: float
+    eta_seconds: float | None
+    alone: bool = False
+
+
+class InboxStatus(BaseModel):
+    path: str
+    watching: bool
+    waiting_count: int
+    oldest_waiting_seconds: float | None
+    waiting: list[WaitingFile]
+    in_flight: list[DocumentProgress]
+
+
+class FinishedDocument(BaseModel):
+    inbox: str
+    path: str
+    outcome: Outcome
+    pages: int
+    seconds: float
+    finished_at: float  # wall clock
+    stage: str | None = None
+    reason: str | None = None
+    error_report: str | None = None
+    markdown: str | None = None
+
+    @classmethod
+    def of(cls, summary: DocumentSummary) -> FinishedDocument:
+        return cls(
+            inbox=summary.inbox,
+            path=summary.path,
+            outcome=summary.outcome,
+            pages=summary.pages,
+            seconds=round(summary.seconds, 2),
+            finished_at=summary.finished_at,
+            stage=summary.stage.value if summary.stage else None,
+            reason=summary.reason,
+            error_report=summary.error_report,
+            markdown=summary.markdown,
+        )
+
+
+class StatusReport(BaseModel):
+    version: str
+    engine: str
+    engine_state: str
+    ready: bool
+    problems: list[str]  # why not ready, or what else needs an operator
+    pages_per_second: float
+    documents_in_flight: int
+    pages_in_flight: int
+    inboxes: list[InboxStatus]
+    finished: list[FinishedDocument]  # the latest last
+    history: list[tuple[float, float]]  # (minute start, pages a second) over the last hour
+
+
+def eta(pages: int | None, done: int, seconds: float) -> float | None:
+    """Seconds left at the document's own pace so far; None until a page is done."""
+    if not pages or done <= 0 or seconds <= 0:
+        return None
+    return round((pages - done) * seconds / done, 1)

@@ -1,0 +1,74 @@
+"""`ocrd status`: a running daemon's report, read from its HTTP server, for a terminal."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+
+from ocrd.config import HttpConfig
+from ocrd.status import StatusReport
+
+TIMEOUT_SECONDS = 5.0
+
+
+def fetch_status(config: HttpConfig) -> StatusReport:
+    """The report at `/api/status`; OSError saying what is wrong when there is none."""
+    if not config.enabled:
+        raise OSError("the configuration switches the HTTP server off (http.enabled: false)")
+    headers = {}
+    token = os.environ.get(config.token_env)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    url = f"{config.url}/api/status"
+    try:
+        response = httpx.get(url, headers=headers, timeout=TIMEOUT_SECONDS)
+    except httpx.HTTPError as error:
+        raise OSError(f"no ocrd answers at {url} ({error}); is it running?") from None
+    if response.status_code == 401:
+        raise OSError(f"{url} wants a token: set {config.token_env} as the daemon has it")
+    if response.status_code not in (200, 503):
+        raise OSError(f"{url} answered HTTP {response.status_code}")
+    return StatusReport.model_validate_json(response.content)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = round(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"{seconds} s"
+
+
+def format_status(report: StatusReport) -> str:
+    lines = [
+        f"ocrd {report.version}: {'READY' if report.ready else 'NOT READY'}; "
+        f"engine {report.engine} ({report.engine_state}); "
+        f"{report.documents_in_flight} documents, {report.pages_in_flight} pages in flight; "
+        f"{report.pages_per_second:.2f} pages/s"
+    ]
+    lines += [f"  problem: {problem}" for problem in report.problems]
+    for inbox in report.inboxes:
+        watching = "" if inbox.watching else " (not watched)"
+        lines.append(f"inbox {inbox.path}{watching}: {inbox.waiting_count} waiting")
+        for document in inbox.in_flight:
+            pages = f"{document.pages_done}/{document.pages}" if document.pages else "opening"
+            lines.append(
+                f"  converting {document.path}: page {pages}, "
+                f"{_duration(document.seconds)} so far, {_duration(document.eta_seconds)} left"
+            )
+        for waiting in inbox.waiting[:10]:
+            state = "queued" if waiting.ready else "arriving"
+            lines.append(f"  {state} {waiting.path} ({_duration(waiting.waiting_seconds)})")
+        if inbox.waiting_count > 10:
+            lines.append(f"  ... and {inbox.waiting_count - 10} more waiting")
+    if report.finished:
+        lines.append("finished lately:")
+    for document in list(reversed(report.finished))[:10]:
+        when = time.strftime("%H:%M:%S", time.localtime(document.finished_at))
+        detail = document.reason if document.outcome.value == "failed" else document.markdown
+        lines.append(
+            f"  {when} {document.outcome.value:6} {document.path} "
+            f"({document.pages} pages, {document.seconds:.1f} s): {detail}"
+        )
+    return "\n".join(lines)

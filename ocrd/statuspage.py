@@ -1,0 +1,169 @@
+"""The status page at `/`: for the people who drop files, one server-rendered HTML page.
+
+No scripts, no build step, no external assets: inline CSS, an inline SVG chart, and a
+`<meta http-equiv="refresh">` so it refreshes itself. Every name on it comes from a
+user's file, so everything is escaped.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+
+from ocrd.status import DocumentProgress, FinishedDocument, InboxStatus, StatusReport
+
+REFRESH_SECONDS = 5
+WAITING_SHOWN = 50
+CHART_WIDTH, CHART_HEIGHT = 640, 140
+
+STYLE = """
+body { font: 15px/1.4 system-ui, sans-serif; margin: 1.5em auto; max-width: 72em;
+       padding: 0 1em; color: #1d1d1f; background: #fbfbfd; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; }
+h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.state { display: inline-block; padding: 0.1em 0.6em; border-radius: 0.8em; color: white; }
+.ready { background: #2e7d32; } .notready { background: #c62828; }
+.problems { color: #c62828; }
+table { border-collapse: collapse; width: 100%; margin: 0.4em 0; }
+th, td { text-align: left; padding: 0.25em 0.5em; border-bottom: 1px solid #eee;
+         vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+progress { width: 12em; }
+.done { color: #2e7d32; } .failed { color: #c62828; font-weight: 600; }
+.muted { color: #777; }
+svg { background: white; border: 1px solid #ddd; }
+"""
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "…"
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def _waiting(inbox: InboxStatus) -> str:
+    if not inbox.waiting_count:
+        return '<p class="muted">No files waiting.</p>'
+    rows = "".join(
+        f"<tr><td>{escape(f.path)}</td><td>{'queued' if f.ready else 'arriving'}</td>"
+        f'<td class="num">{_duration(f.waiting_seconds)}</td></tr>'
+        for f in inbox.waiting[:WAITING_SHOWN]
+    )
+    more = inbox.waiting_count - min(len(inbox.waiting), WAITING_SHOWN)
+    tail = f'<p class="muted">and {more} more</p>' if more > 0 else ""
+    return (
+        f"<p>{inbox.waiting_count} waiting</p><table><tr><th>file</th><th>state</th>"
+        f"<th>waiting</th></tr>{rows}</table>{tail}"
+    )
+
+
+def _progress(document: DocumentProgress) -> str:
+    if document.pages:
+        bar = f'<progress max="{document.pages}" value="{document.pages_done}"></progress>'
+        pages = f"page {document.pages_done} of {document.pages}"
+    else:
+        bar, pages = "<progress></progress>", "opening"
+    return (
+        f'<tr class="in-flight"><td>{escape(document.path)}</td><td>{bar}</td>'
+        f'<td class="pages">{pages}</td><td class="num">{_duration(document.seconds)}</td>'
+        f'<td class="num">{_duration(document.eta_seconds)} left</td></tr>'
+    )
+
+
+def _in_flight(inbox: InboxStatus) -> str:
+    if not inbox.in_flight:
+        return '<p class="muted">Nothing being converted.</p>'
+    rows = "".join(_progress(d) for d in inbox.in_flight)
+    return (
+        "<table><tr><th>file</th><th>progress</th><th>pages</th><th>so far</th>"
+        f"<th>estimate</th></tr>{rows}</table>"
+    )
+
+
+def _finished_row(document: FinishedDocument) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(document.finished_at))
+    outcome = document.outcome.value
+    if document.outcome.value == "failed":
+        detail = (
+            f'<span class="reason">{escape(document.reason or "")}</span>'
+            f'<br><span class="muted">report: {escape(document.error_report or "")}</span>'
+        )
+    else:
+        detail = f'<span class="muted">{escape(document.markdown or "")}</span>'
+    return (
+        f'<tr class="finished"><td>{when}</td><td>{escape(document.path)}</td>'
+        f'<td class="{outcome}">{outcome}</td><td class="num">{document.pages}</td>'
+        f'<td class="num">{document.seconds:.1f}</td><td>{detail}</td></tr>'
+    )
+
+
+def _finished(report: StatusReport) -> str:
+    if not report.finished:
+        return '<p class="muted">No document finished since ocrd started.</p>'
+    rows = "".join(_finished_row(d) for d in reversed(report.finished))
+    return (
+        "<table><tr><th>finished</th><th>file</th><th>outcome</th><th>pages</th>"
+        f"<th>seconds</th><th>Markdown, or why it failed</th></tr>{rows}</table>"
+    )
+
+
+def _chart(history: list[tuple[float, float]]) -> str:
+    """Pages a second, a bar a minute over the last hour, as inline SVG."""
+    if not history:
+        return ""
+    peak = max(max(rate for _, rate in history), 0.1)
+    width = CHART_WIDTH / len(history)
+    bars = "".join(
+        f'<rect x="{i * width:.1f}" y="{CHART_HEIGHT - rate / peak * (CHART_HEIGHT - 20):.1f}" '
+        f'width="{max(width - 1, 1):.1f}" height="{rate / peak * (CHART_HEIGHT - 20):.1f}" '
+        f'fill="#1565c0"><title>{rate:.2f} pages/s</title></rect>'
+        for i, (_, rate) in enumerate(history)
+    )
+    return (
+        f'<svg id="rate-chart" width="{CHART_WIDTH}" height="{CHART_HEIGHT}" '
+        f'viewBox="0 0 {CHART_WIDTH} {CHART_HEIGHT}" role="img" '
+        f'aria-label="pages per second over the last hour">'
+        f'<text x="4" y="14" font-size="12" fill="#555">peak {peak:.2f} pages/s</text>'
+        f'{bars}</svg><p class="muted">Pages per second, each bar a minute, the last hour; '
+        f"now {history[-1][1]:.2f}.</p>"
+    )
+
+
+def render(report: StatusReport) -> str:
+    state = "ready" if report.ready else "notready"
+    problems = "".join(f"<li>{escape(p)}</li>" for p in report.problems)
+    inboxes = "".join(
+        f'<section class="inbox"><h2>Inbox {escape(inbox.path)}'
+        f"{'' if inbox.watching else ' (not watched)'}</h2>"
+        f"<h3>Being converted</h3>{_in_flight(inbox)}<h3>Waiting</h3>{_waiting(inbox)}</section>"
+        for inbox in report.inboxes
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="{REFRESH_SECONDS}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>ocrd status</title><style>{STYLE}</style></head>
+<body>
+<h1>ocrd <span class="state {state}">{"ready" if report.ready else "not ready"}</span></h1>
+<p>engine {escape(report.engine)} ({escape(report.engine_state)}),
+{_count(report.documents_in_flight, "document")} and
+{_count(report.pages_in_flight, "page")} in flight,
+{report.pages_per_second:.2f} pages/s over the last minute. ocrd {escape(report.version)}.</p>
+{f'<ul class="problems">{problems}</ul>' if problems else ""}
+{inboxes}
+<h2>Throughput</h2>{_chart(report.history)}
+<h2>Finished lately</h2>{_finished(report)}
+<p class="muted">This page refreshes itself every {REFRESH_SECONDS} s.
+Machine-readable: <a href="api/status">api/status</a>, <a href="metrics">metrics</a>,
+<a href="readyz">readyz</a>.</p>
+</body></html>
+"""
