@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 
 from ocrd import __version__
-from ocrd.config import Config, ConfigError, EngineConfig, PipelineConfig, load_config
+from ocrd.config import (
+    Config,
+    ConfigError,
+    EngineConfig,
+    InboxConfig,
+    PipelineConfig,
+    load_config,
+)
 from ocrd.domain import DocumentSettings
 from ocrd.log import configure_logging
 
@@ -53,13 +60,13 @@ def _load(path: Path) -> Config:
 
 def _one_off_options(
     config_path: Path | None,
-) -> tuple[EngineConfig, PipelineConfig, DocumentSettings]:
-    """Engine, pipeline and document settings for convert and rerender: the config's, with
+) -> tuple[EngineConfig, PipelineConfig, InboxConfig]:
+    """Engine, pipeline and document options for convert and rerender: the config's, with
     its first inbox's document options, or the defaults without a config."""
     if config_path is None:
-        return EngineConfig(), PipelineConfig(), DocumentSettings()
+        return EngineConfig(), PipelineConfig(), InboxConfig(path=Path("."))
     config = _load(config_path)
-    return config.engine, config.pipeline, DocumentSettings.of(config.inboxes[0])
+    return config.engine, config.pipeline, config.inboxes[0]
 
 
 @click.group()
@@ -110,12 +117,12 @@ def convert(
     from ocrd.convert import convert_files
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
-    engine_config, pipeline_config, settings = _one_off_options(config_path)
+    engine_config, pipeline_config, inbox = _one_off_options(config_path)
     if engine:
         engine_config = engine_config.model_copy(update={"kind": engine})
     terminal = sys.stderr.isatty()
     failed = asyncio.run(
-        convert_files(list(files), out, engine_config, pipeline_config, settings, terminal)
+        convert_files(list(files), out, engine_config, pipeline_config, inbox, terminal)
     )
     if failed:
         click.echo(
@@ -150,10 +157,12 @@ def rerender(
     from ocrd.rerender import rerender as rerender_document
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
-    _, pipeline, settings = _one_off_options(config_path)
+    _, pipeline, inbox = _one_off_options(config_path)
     try:
         files = asyncio.run(
-            rerender_document(document, raw, out, settings, RenderLimits.of(pipeline))
+            rerender_document(
+                document, raw, out, DocumentSettings.of(inbox), RenderLimits.of(pipeline)
+            )
         )
     except (RawFileError, DocumentFailed) as error:
         click.echo(f"ocrd: {error}", err=True)

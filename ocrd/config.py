@@ -82,6 +82,10 @@ class InboxConfig(Strict):
     layout_file: bool = False
     keep_raw: bool = False
     strip_headers_footers: bool = False
+    # A PDF page's own text layer instead of recognising its pixels: "prefer" where the
+    # layer is good, "ocr" never, "auto" prefer on the CPU engine and ocr on GPU engines.
+    pdf_text: Literal["auto", "ocr", "prefer"] = "auto"
+    blank_pages: Literal["keep", "drop", "mark"] = "mark"  # pages blank at engine resolution
     hooks: HooksConfig = HooksConfig()
 
     def derived(self, base: Path) -> InboxConfig:

@@ -325,7 +325,7 @@ class Daemon:
             work=WorkArea(config.path, config.work),
             tracker=SettleTracker(config),
             settler=Settler(config, self.engine.name),
-            settings=DocumentSettings.of(config),
+            settings=DocumentSettings.of(config, self.engine.name),
         )
         if recover:
             for claim in await asyncio.to_thread(self._prepare_folders, inbox):

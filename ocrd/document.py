@@ -250,6 +250,8 @@ class Documents:
             summary.finish_reasons = result.finish_reasons()
             summary.unfinished_pages = result.unfinished_pages
             summary.retried_pages = result.retried_pages
+            summary.text_layer_pages = result.text_layer_pages
+            summary.blank_pages = result.blank_pages
             summary.markdown = settlement.markdown
             self._finished(inbox, summary, log)
             return

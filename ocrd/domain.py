@@ -57,6 +57,27 @@ class PageImage:
     image: Image.Image
     width_pt: float  # the page's size in PDF points (72 per inch), for mapping boxes back
     height_pt: float
+    blank: bool = False  # nothing on it at this resolution (a scanned back, a separator)
+
+
+@dataclass(frozen=True)
+class TextLayer:
+    """A PDF page's own text, and whether it can stand in for recognising the pixels."""
+
+    usable: bool
+    reason: str  # why it can, or why not ("an invisible OCR layer", "unmapped glyphs", ...)
+    markdown: str = ""
+    blocks: tuple[Block, ...] = ()  # the layer's text blocks with their boxes
+    image_size: tuple[int, int] = (0, 0)  # the size the page would be rendered at
+    page_size_pt: tuple[float, float] = (0.0, 0.0)
+
+
+class PageSource(StrEnum):
+    """Where a page's text came from."""
+
+    engine = "engine"
+    text_layer = "text_layer"  # the PDF's own text (inbox setting pdf_text)
+    blank = "blank"  # nothing on the page; not sent to the engine
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,8 @@ class DocumentSettings:
     prompt: PromptMode = PromptMode.layout
     render: RenderSettings = field(default_factory=RenderSettings)
     figure_dpi: int = 288  # figures are cut from the source at this resolution
+    pdf_text: str = "ocr"  # "prefer": a good text layer stands in for recognition
+    blank_pages: str = "mark"  # keep (recognise them), drop, mark
     page_separator: str = _INBOX_DEFAULTS["page_separator"].default
     unfinished_pages: str = "done"  # or "failed": where a document with unfinished pages goes
     retry_unfinished: bool = True
@@ -100,11 +123,20 @@ class DocumentSettings:
     strip_headers_footers: bool = False
 
     @classmethod
-    def of(cls, inbox: InboxConfig) -> DocumentSettings:
-        derived = ("render", "figure_dpi")
+    def of(cls, inbox: InboxConfig, engine: str | None = None) -> DocumentSettings:
+        """An inbox's settings; `auto` choices resolved for the engine in use."""
+        derived = ("render", "figure_dpi", "pdf_text")
         copied = {f.name: getattr(inbox, f.name) for f in fields(cls) if f.name not in derived}
         render = RenderSettings(inbox.dpi, inbox.max_image_side, inbox.passwords)
-        return cls(**copied, render=render, figure_dpi=inbox.figure_dpi or 2 * inbox.dpi)
+        pdf_text = inbox.pdf_text
+        if pdf_text == "auto":  # DeepSeek-OCR-2 gives better structure; RapidOCR does not
+            pdf_text = "prefer" if engine == "rapidocr" else "ocr"
+        return cls(
+            **copied,
+            render=render,
+            figure_dpi=inbox.figure_dpi or 2 * inbox.dpi,
+            pdf_text=pdf_text,
+        )
 
 
 class DocumentFailed(Exception):
@@ -150,6 +182,7 @@ class PageResult:
     blocks: list[Block]  # parsed from the text: what the Markdown and the figures come from
     figures: dict[int, Figure] = field(default_factory=dict)  # image block index: its crop
     retried: bool = False
+    source: PageSource = PageSource.engine
 
     @property
     def layout_blocks(self) -> list[Block]:
@@ -196,6 +229,14 @@ class DocumentResult:
     def retried_pages(self) -> list[int]:
         return [page.number for page in self.pages if page.retried]
 
+    @property
+    def text_layer_pages(self) -> list[int]:
+        return [page.number for page in self.pages if page.source is PageSource.text_layer]
+
+    @property
+    def blank_pages(self) -> list[int]:
+        return [page.number for page in self.pages if page.source is PageSource.blank]
+
     def finish_reasons(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for page in self.pages:
@@ -218,6 +259,8 @@ class DocumentSummary:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     unfinished_pages: list[int] = field(default_factory=list)
     retried_pages: list[int] = field(default_factory=list)
+    text_layer_pages: list[int] = field(default_factory=list)
+    blank_pages: list[int] = field(default_factory=list)
     original: str | None = None  # where the original went
     markdown: str | None = None
     renamed: str | None = None  # "safe" or "flat" where the target refused the name
@@ -258,5 +301,7 @@ class DocumentSummary:
             "finish_reasons": self.finish_reasons,
             "unfinished_pages": self.unfinished_pages,
             "retried_pages": self.retried_pages,
+            "text_layer_pages": self.text_layer_pages,
+            "blank_pages": self.blank_pages,
             "markdown": self.markdown,
         }

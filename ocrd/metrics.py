@@ -17,7 +17,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ocrd.domain import DocumentSummary, Outcome, PageResult
+from ocrd.domain import DocumentSummary, Outcome, PageResult, PageSource
 from ocrd.engines import EngineState
 from ocrd.status import StatusReport
 
@@ -90,7 +90,8 @@ class Metrics:
             ["pages"], buckets=DOCUMENT_SECONDS, registry=registry,
         )  # fmt: skip
         self.pages = Counter(
-            "ocrd_pages_recognised", "Pages recognised, by finish reason and prompt",
+            "ocrd_pages_recognised",
+            "Pages done, by finish reason and prompt (text_layer, blank: not sent to the engine)",
             ["finish_reason", "prompt"], registry=registry,
         )  # fmt: skip
         self.page_seconds = Histogram(
@@ -126,7 +127,8 @@ class Metrics:
         registry.register(_StateCollector(report))
 
     def page_done(self, page: PageResult) -> None:
-        self.pages.labels(page.finish_reason, page.prompt.value).inc()
+        prompt = page.prompt.value if page.source is PageSource.engine else page.source.value
+        self.pages.labels(page.finish_reason, prompt).inc()
         self.page_seconds.observe(page.text.seconds)
         self.prompt_tokens.inc(page.text.prompt_tokens)
         self.completion_tokens.inc(page.text.completion_tokens)

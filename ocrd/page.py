@@ -7,11 +7,12 @@ raw file), so both write the same output for the same text.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ocrd.config import PromptMode
-from ocrd.domain import Figure, PageImage, PageResult, PageText
+from ocrd.domain import Figure, PageImage, PageResult, PageSource, PageText, TextLayer
 from ocrd.grounding import Block, Box, parse_page
 from ocrd.markdown import looks_repetitive
 
@@ -43,7 +44,11 @@ def figure_name(page: int, number: int) -> str:
 
 
 def assemble_page(
-    page: PageImage, text: PageText, prompt: PromptMode, retried: bool = False
+    page: PageImage,
+    text: PageText,
+    prompt: PromptMode,
+    retried: bool = False,
+    source: PageSource = PageSource.engine,
 ) -> PageResult:
     return PageResult(
         number=page.number,
@@ -53,6 +58,26 @@ def assemble_page(
         page_size_pt=(page.width_pt, page.height_pt),
         blocks=parse_page(text.text),
         retried=retried,
+        source=source,
+    )
+
+
+def blank_page(page: PageImage, prompt: PromptMode) -> PageResult:
+    """A page with nothing on it: not sent to the engine, its text empty."""
+    return assemble_page(page, PageText("", "stop"), prompt, source=PageSource.blank)
+
+
+def text_layer_page(number: int, layer: TextLayer, prompt: PromptMode) -> PageResult:
+    """A born-digital page, its Markdown taken from its own text layer."""
+    text = PageText(layer.markdown, "stop", blocks=layer.blocks)
+    return PageResult(
+        number=number,
+        text=text,
+        prompt=prompt,
+        image_size=layer.image_size,
+        page_size_pt=layer.page_size_pt,
+        blocks=parse_page(layer.markdown),  # one text block: Markdown already
+        source=PageSource.text_layer,
     )
 
 
@@ -77,6 +102,7 @@ def page_record(page: PageResult) -> dict[str, Any]:
         "retried": page.retried,
         "prompt_tokens": page.text.prompt_tokens,
         "completion_tokens": page.text.completion_tokens,
+        "source": page.source.value,
     }
     if page.text.blocks is not None:
         record["blocks"] = [
@@ -90,9 +116,23 @@ def page_record(page: PageResult) -> dict[str, Any]:
     return record
 
 
-def text_from_record(record: dict[str, Any]) -> tuple[PageText, PromptMode, bool]:
-    """The engine's answer, prompt and retry flag of a raw line; KeyError, TypeError or
-    ValueError if it is not one."""
+@dataclass(frozen=True)
+class RawPage:
+    """A page as its raw line records it: what the engine (or the text layer) said."""
+
+    text: PageText
+    prompt: PromptMode
+    retried: bool
+    source: PageSource
+
+    def result(self, page: PageImage) -> PageResult:
+        """The page assembled again from its raw line, on the page's pixels."""
+        return assemble_page(page, self.text, self.prompt, self.retried, self.source)
+
+
+def text_from_record(record: dict[str, Any]) -> RawPage:
+    """The engine's answer, prompt, retry flag and source of a raw line; KeyError,
+    TypeError or ValueError if it is not one."""
     blocks = record.get("blocks")
     text = PageText(
         text=str(record["text"]),
@@ -107,7 +147,8 @@ def text_from_record(record: dict[str, Any]) -> tuple[PageText, PromptMode, bool
         ),
     )
     prompt = PromptMode(record.get("prompt", PromptMode.layout.value))
-    return text, prompt, bool(record.get("retried", False))
+    source = PageSource(record.get("source", PageSource.engine.value))
+    return RawPage(text, prompt, bool(record.get("retried", False)), source)
 
 
 def _figure_record(figure: Figure) -> dict[str, Any]:
@@ -144,7 +185,7 @@ class PageJournal:
         for line in lines:
             try:  # the last line may be torn by a kill
                 record = json.loads(line)
-                text, prompt, retried = text_from_record(record)
+                raw = text_from_record(record)
                 figures = {}
                 for index, value in record.get("figures", {}).items():
                     figure = _figure_from_record(value, figures_folder) if figures_folder else None
@@ -152,13 +193,14 @@ class PageJournal:
                         figures[int(index)] = figure
                 pages[int(record["page"])] = PageResult(
                     number=int(record["page"]),
-                    text=text,
-                    prompt=prompt,
+                    text=raw.text,
+                    prompt=raw.prompt,
                     image_size=tuple(record["image_size"]),  # type: ignore[arg-type]
                     page_size_pt=tuple(record["page_size_pt"]),  # type: ignore[arg-type]
-                    blocks=parse_page(text.text),
+                    blocks=parse_page(raw.text.text),
                     figures=figures,
-                    retried=retried,
+                    retried=raw.retried,
+                    source=raw.source,
                 )
             except (ValueError, KeyError, TypeError):
                 continue

@@ -21,14 +21,24 @@ from ocrd.domain import (
     DocumentFailed,
     DocumentResult,
     DocumentSettings,
+    InputFormat,
     PageImage,
     PageResult,
+    PageSource,
     PageText,
     Stage,
 )
 from ocrd.engines import Engine, EngineDeadError, EngineError
 from ocrd.log import FilteringBoundLogger, get_logger
-from ocrd.page import PageJournal, assemble_page, better, figure_name, figure_regions
+from ocrd.page import (
+    PageJournal,
+    assemble_page,
+    better,
+    blank_page,
+    figure_name,
+    figure_regions,
+    text_layer_page,
+)
 from ocrd.render import Document, RenderError, RenderLimits, RenderPool, detect_format
 from ocrd.schedule import PageBudget, Ticket
 
@@ -184,12 +194,18 @@ class Pipeline:
         return [results[number] for number in sorted(results)]
 
     async def _page(self, run: _Run, number: int) -> PageResult:
-        """One page: rendered, through the engine (an unfinished layout page gets one
-        plain-text retry), its figures cut from the source, journaled."""
-        page = await self.renderers.render(run.document, number)
-        result = await self._recognise(page, run)
-        del page  # the pixels are not needed past the engine
-        if run.figures is not None:
+        """One page: from its own text layer where that is preferred and good; otherwise
+        rendered and, unless blank, through the engine (an unfinished layout page gets one
+        plain-text retry), its figures cut from the source; then journaled."""
+        result = await self._from_text_layer(run, number)
+        if result is None:
+            page = await self.renderers.render(run.document, number)
+            if page.blank and run.settings.blank_pages != "keep":
+                result = blank_page(page, run.settings.prompt)
+            else:
+                result = await self._recognise(page, run)
+            del page  # the pixels are not needed past the engine
+        if run.figures is not None and result.source is PageSource.engine:
             await cut_figures(self.renderers, run.document, result, run.settings, run.figures)
         run.ticket.page_done()
         run.progress.page_done()
@@ -204,12 +220,25 @@ class Pipeline:
             completion_tokens=result.text.completion_tokens,
             seconds=round(result.text.seconds, 3),
             engine_interval=result.text.engine_interval,
+            source=result.source.value,
         )
         if run.journal is not None:
             await asyncio.to_thread(run.journal.append, result)
         for callback in self.on_page_done:
             callback(result)
         return result
+
+    async def _from_text_layer(self, run: _Run, number: int) -> PageResult | None:
+        """The page from its PDF text layer, where the inbox prefers that and it is good."""
+        if run.settings.pdf_text != "prefer" or run.document.format is not InputFormat.pdf:
+            return None
+        layer = await self.renderers.text_layer(
+            run.document, number, running_lines=not run.settings.strip_headers_footers
+        )
+        if not layer.usable:
+            run.log.debug("page.text_layer_refused", page=number, reason=layer.reason)
+            return None
+        return text_layer_page(number, layer, run.settings.prompt)
 
     async def _recognise(self, page: PageImage, run: _Run) -> PageResult:
         prompt = run.settings.prompt

@@ -33,7 +33,8 @@ from typing import Any
 from PIL import Image
 
 from ocrd.config import PipelineConfig
-from ocrd.domain import Figure, InputFormat, PageImage, RenderSettings
+from ocrd.domain import Figure, InputFormat, PageImage, RenderSettings, TextLayer
+from ocrd.grounding import Block, Box
 
 WORKER_START_SECONDS = 60.0
 OPEN_DOCUMENTS_PER_WORKER = 4
@@ -98,9 +99,69 @@ def detect_format(path: Path) -> InputFormat:
 
 # --- the child process ------------------------------------------------------------------
 
-Box = tuple[float, float, float, float]  # a region as fractions (0..1) of the page
-# width, height, bytes of pixels, the pixels if they did not fit the shared buffer, page size
-Rendered = tuple[int, int, int, bytes | None, float, float]
+Region = tuple[float, float, float, float]  # a part of a page as fractions (0..1) of it
+# width, height, bytes of pixels, the pixels if they did not fit the shared buffer, page
+# size in points, blank
+Rendered = tuple[int, int, int, bytes | None, float, float, bool]
+
+BLANK_MARGIN = 0.03  # scanner edges and punch holes are not content
+BLANK_CONTRAST = 80  # ink is this much darker than the paper (bleed-through is not)
+BLANK_TILE = 16  # pixels a side
+BLANK_TILE_INK = 0.05  # a tile with this share of ink holds content
+BLANK_MAX_TILES = 0  # one tile of ink is content (a page number); specks of dust are not
+
+EMBEDDED_COVER = 0.9  # an embedded image covering this much of a figure's box supplies it
+
+MIN_TEXT_LAYER_CHARACTERS = 50
+MAX_BAD_GLYPHS = 0.02  # share of unmapped or private-use characters in a usable layer
+MIN_LETTER_SHARE = 0.7  # real text is 83 to 100 % letters and digits; unmapped fonts ~50 %
+MAX_INVISIBLE_TEXT = 0.5  # more is an OCR layer laid under a scan by an older tool
+MAX_IMAGE_COVER = 0.5  # more of the page under images: a scan, or a page made of pictures
+
+
+def looks_blank(pixels: memoryview | bytes, width: int, height: int) -> bool:
+    """Whether an RGB page is blank at this resolution: no tile of it holds ink that stands
+    out from the paper, beyond a speck. Bleed-through, paper tone and scanner edges do not
+    count; a few words or a page number do."""
+    import numpy as np
+
+    rgb = np.frombuffer(pixels, dtype=np.uint8, count=width * height * 3)
+    darkest = rgb.reshape(height, width, 3).min(axis=2)  # coloured ink counts too
+    dy, dx = int(height * BLANK_MARGIN), int(width * BLANK_MARGIN)
+    inner = darkest[dy : height - dy, dx : width - dx]
+    if inner.size == 0:
+        return True
+    paper = float(np.percentile(inner[::4, ::4], 90))
+    ink = inner < paper - BLANK_CONTRAST
+    rows, columns = inner.shape[0] // BLANK_TILE, inner.shape[1] // BLANK_TILE
+    tiles = ink[: rows * BLANK_TILE, : columns * BLANK_TILE].reshape(
+        rows, BLANK_TILE, columns, BLANK_TILE
+    )
+    return int((tiles.mean(axis=(1, 3)) > BLANK_TILE_INK).sum()) <= BLANK_MAX_TILES
+
+
+def _judge_text_layer(page: Any) -> tuple[bool, str]:
+    """Whether a PDF page's text layer can stand in for recognising its pixels."""
+    text = page.get_text("text")
+    characters = [c for c in text if not c.isspace()]
+    if len(characters) < MIN_TEXT_LAYER_CHARACTERS:
+        return False, "little or no text"
+    bad = sum(1 for c in characters if c == "\ufffd" or "\ue000" <= c <= "\uf8ff" or c < " ")
+    letters = sum(1 for c in characters if c.isalnum())
+    if bad / len(characters) > MAX_BAD_GLYPHS or letters / len(characters) < MIN_LETTER_SHARE:
+        return False, "garbled text: its glyphs do not map to the letters shown"
+    spans = page.get_texttrace()
+    total = sum(len(span["chars"]) for span in spans) or 1
+    invisible = sum(len(span["chars"]) for span in spans if span["type"] == 3)
+    if invisible / total > MAX_INVISIBLE_TEXT:
+        return False, "invisible text: an OCR layer from another tool"
+    area = page.rect.get_area() or 1.0
+    covered = sum(
+        (page.rect & info["bbox"]).get_area() for info in page.get_image_info()
+    )  # overlapping images may count twice: erring towards recognising the pixels
+    if covered / area > MAX_IMAGE_COVER:
+        return False, "images cover most of the page (a scan, or a page made of pictures)"
+    return True, "born-digital text layer"
 
 
 def _hand_over(pixels: memoryview | bytes, buffer: mmap.mmap) -> tuple[int, bytes | None]:
@@ -172,17 +233,50 @@ class _PdfSource:
         zoom = min(full, self.settings.max_image_side / longest)
         pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False, colorspace="rgb")
         # samples_mv points into the pixmap's memory: copy while the pixmap is alive.
+        blank = looks_blank(pixmap.samples_mv, pixmap.width, pixmap.height)
         size, payload = _hand_over(pixmap.samples_mv, buffer)
-        return pixmap.width, pixmap.height, size, payload, rect.width, rect.height
+        return pixmap.width, pixmap.height, size, payload, rect.width, rect.height, blank
+
+    def text_layer(self, number: int, running_lines: bool = True) -> TextLayer:
+        """The page's own text as Markdown, if it is good enough to stand in for OCR;
+        without `running_lines`, what the layout model finds to be page headers and
+        footers is left out."""
+        page = self.doc.load_page(number - 1)
+        rect = page.rect
+        zoom = min(
+            self.settings.dpi / 72, self.settings.max_image_side / max(rect.width, rect.height)
+        )
+        image_size = (round(rect.width * zoom), round(rect.height * zoom))
+        usable, reason = _judge_text_layer(page)
+        if not usable:
+            return TextLayer(False, reason, image_size=image_size)
+        import pymupdf4llm
+
+        markdown = pymupdf4llm.to_markdown(
+            self.doc, pages=[number - 1], use_ocr=False, show_progress=False,
+            header=running_lines, footer=running_lines,
+        )  # fmt: skip
+        blocks = tuple(
+            Block("text", (Box.from_pixels(x0 - rect.x0, y0 - rect.y0, x1 - rect.x0,
+                                           y1 - rect.y0, rect.width, rect.height),), text.strip())
+            for x0, y0, x1, y1, text, _, kind in page.get_text("blocks")
+            if kind == 0 and text.strip()
+        )  # fmt: skip
+        return TextLayer(
+            True, reason, markdown.strip(), blocks, image_size, (rect.width, rect.height)
+        )
 
     def figures(
-        self, number: int, boxes: Sequence[Box], dpi: float, folder: Path, names: Sequence[str]
+        self, number: int, boxes: Sequence[Region], dpi: float, folder: Path, names: Sequence[str]
     ) -> list[Figure]:
-        """Each box rendered on its own at `dpi` (lower only where the pixel limit says)."""
+        """Each box cut from the embedded image that covers it, at the image's own resolution
+        where that is at least `dpi` (a scan's or a photo's original pixels); otherwise the
+        box rendered on its own at `dpi` (lower only where the pixel limit says)."""
         import pymupdf
 
         page = self.doc.load_page(number - 1)
         rect = page.rect
+        images = page.get_image_info(xrefs=True)
         cuts = []
         for (x1, y1, x2, y2), name in zip(boxes, names, strict=True):
             clip = pymupdf.Rect(
@@ -191,22 +285,80 @@ class _PdfSource:
                 rect.x0 + x2 * rect.width,
                 rect.y0 + y2 * rect.height,
             )
-            zoom = dpi / 72
-            pixels = clip.width * clip.height * zoom * zoom
-            if pixels > self.limits.max_page_pixels:
-                zoom *= (self.limits.max_page_pixels / pixels) ** 0.5
-            matrix = pymupdf.Matrix(zoom, zoom)
-            pixmap = page.get_pixmap(matrix=matrix, clip=clip, alpha=False, colorspace="rgb")
-            image = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples_mv)
-            _write_png(image, folder / name)
-            box = (
-                round((clip.x0 - rect.x0) * zoom),
-                round((clip.y0 - rect.y0) * zoom),
-                round((clip.x1 - rect.x0) * zoom),
-                round((clip.y1 - rect.y0) * zoom),
-            )
-            cuts.append(Figure(folder / name, image.width, image.height, box, round(zoom * 72, 2)))
+            cut = self._embedded(clip, images, dpi, folder / name)
+            cuts.append(cut or self._rendered(page, clip, dpi, folder / name))
         return cuts
+
+    def _rendered(self, page: Any, clip: Any, dpi: float, path: Path) -> Figure:
+        import pymupdf
+
+        rect = page.rect
+        zoom = dpi / 72
+        pixels = clip.width * clip.height * zoom * zoom
+        if pixels > self.limits.max_page_pixels:
+            zoom *= (self.limits.max_page_pixels / pixels) ** 0.5
+        matrix = pymupdf.Matrix(zoom, zoom)
+        pixmap = page.get_pixmap(matrix=matrix, clip=clip, alpha=False, colorspace="rgb")
+        image = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples_mv)
+        _write_png(image, path)
+        box = (
+            round((clip.x0 - rect.x0) * zoom),
+            round((clip.y0 - rect.y0) * zoom),
+            round((clip.x1 - rect.x0) * zoom),
+            round((clip.y1 - rect.y0) * zoom),
+        )
+        return Figure(path, image.width, image.height, box, round(zoom * 72, 2))
+
+    def _embedded(
+        self, clip: Any, images: list[dict[str, Any]], dpi: float, path: Path
+    ) -> Figure | None:
+        """The figure from an upright embedded image covering most of `clip`, if the image
+        is at least `dpi`; its box is in the image's own pixels. None otherwise."""
+        import pymupdf
+
+        for info in images:
+            a, b, c, d = info["transform"][:4]
+            bbox = pymupdf.Rect(info["bbox"])
+            if not info.get("xref") or b or c or a <= 0 or d <= 0 or bbox.is_empty:
+                continue  # inline, rotated, skewed or mirrored: rendering is safer
+            if (bbox & clip).get_area() < EMBEDDED_COVER * clip.get_area():
+                continue
+            scale_x, scale_y = info["width"] / bbox.width, info["height"] / bbox.height
+            if min(scale_x, scale_y) * 72 < dpi:
+                continue  # coarser than rendering at `dpi`
+            if info["width"] * info["height"] > self.limits.max_page_pixels:
+                continue
+            try:
+                pixmap = _rgb(pymupdf.Pixmap(self.doc, info["xref"]))
+            except (RuntimeError, ValueError):  # a stencil mask, an odd colour space
+                continue
+            if pixmap is None or (pixmap.width, pixmap.height) != (info["width"], info["height"]):
+                continue
+            inside = clip & bbox
+            box = (
+                round((inside.x0 - bbox.x0) * scale_x),
+                round((inside.y0 - bbox.y0) * scale_y),
+                round((inside.x1 - bbox.x0) * scale_x),
+                round((inside.y1 - bbox.y0) * scale_y),
+            )
+            image = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples_mv)
+            crop = image.crop(box)
+            _write_png(crop, path)
+            return Figure(path, crop.width, crop.height, box, round(scale_x * 72, 2))
+        return None
+
+
+def _rgb(pixmap: Any) -> Any:
+    """The pixmap as plain RGB, or None where it holds no colours (a mask)."""
+    import pymupdf
+
+    if pixmap.colorspace is None:
+        return None
+    if pixmap.alpha:
+        pixmap = pymupdf.Pixmap(pixmap, 0)
+    if pixmap.colorspace.n != 3:
+        pixmap = pymupdf.Pixmap(pymupdf.csRGB, pixmap)
+    return pixmap
 
 
 class _RasterSource:
@@ -247,11 +399,16 @@ class _RasterSource:
         if scale < 1.0:
             size = (max(1, round(width * scale)), max(1, round(height * scale)))
             frame = frame.resize(size, Image.Resampling.LANCZOS)
-        size, payload = _hand_over(frame.tobytes(), buffer)
-        return frame.width, frame.height, size, payload, width * 72.0 / dpi, height * 72.0 / dpi
+        pixels = frame.tobytes()
+        blank = looks_blank(pixels, frame.width, frame.height)
+        size, payload = _hand_over(pixels, buffer)
+        return (
+            frame.width, frame.height, size, payload, width * 72.0 / dpi, height * 72.0 / dpi,
+            blank,
+        )  # fmt: skip
 
     def figures(
-        self, number: int, boxes: Sequence[Box], dpi: float, folder: Path, names: Sequence[str]
+        self, number: int, boxes: Sequence[Region], dpi: float, folder: Path, names: Sequence[str]
     ) -> list[Figure]:
         """Crops of the original pixels: a scan's figures at the resolution it was scanned."""
         frame = self._frame(number)
@@ -292,6 +449,10 @@ def _serve(request: tuple[Any, ...], sources: OrderedDict[DocumentKey, Source], 
         return source.page_count
     if kind == "render":
         return source.render(request[2], ctx.buffer)
+    if kind == "text":
+        if not isinstance(source, _PdfSource):
+            return TextLayer(False, "an image has no text layer")
+        return source.text_layer(request[2], request[3])
     if kind == "figures":
         _, _, number, boxes, dpi, folder, names = request
         return source.figures(number, boxes, dpi, Path(folder), names)
@@ -325,7 +486,7 @@ def _worker_main(
         except RenderError as error:
             conn.send(("error", str(error), error.page, error.code))
         except Exception as error:  # MemoryError, MuPDF's own errors, anything else
-            page = request[2] if request[0] in ("render", "figures") else None
+            page = request[2] if request[0] in ("render", "figures", "text") else None
             code = "error"
             if isinstance(error, MemoryError) or "malloc" in str(error):
                 where = f"page {page}" if page else "the document"
@@ -414,14 +575,14 @@ class RenderWorker:
         return reply[1]
 
     def _page_image(self, number: int, reply: tuple[Any, ...]) -> PageImage:
-        width, height, size, payload, width_pt, height_pt = reply
+        width, height, size, payload, width_pt, height_pt, blank = reply
         if payload is None:
             assert self._buffer is not None
             with memoryview(self._buffer)[:size] as pixels:  # copied out before the next page
                 image = Image.frombytes("RGB", (width, height), pixels)
         else:
             image = Image.frombytes("RGB", (width, height), payload)
-        return PageImage(number, image, width_pt, height_pt)
+        return PageImage(number, image, width_pt, height_pt, blank)
 
     # On the event loop:
 
@@ -564,11 +725,21 @@ class RenderPool:
             await worker.open_document(document.key)
             return await worker.request(("render", document.key, number), f"page {number}", number)
 
+    async def text_layer(
+        self, document: Document, number: int, running_lines: bool = True
+    ) -> TextLayer:
+        """Page `number`'s own text layer and whether it can stand in for recognition
+        (without its running headers and footers unless `running_lines`)."""
+        request = ("text", document.key, number, running_lines)
+        async with self._worker(document.key) as worker:
+            await worker.open_document(document.key)
+            return await worker.request(request, f"the text of page {number}", number)
+
     async def figures(
         self,
         document: Document,
         number: int,
-        boxes: Sequence[Box],
+        boxes: Sequence[Region],
         dpi: float,
         folder: Path,
         names: Sequence[str],

@@ -12,9 +12,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from ocrd.config import PromptMode
-from ocrd.domain import DocumentFailed, DocumentResult, DocumentSettings, PageText, Stage
-from ocrd.page import assemble_page, text_from_record
+from ocrd.domain import DocumentFailed, DocumentResult, DocumentSettings, Stage
+from ocrd.page import RawPage, text_from_record
 from ocrd.pipeline import cut_figures
 from ocrd.render import Document, RenderError, RenderLimits, RenderPool, detect_format
 from ocrd.write import OutputFiles, markdown_target, write_document
@@ -24,8 +23,8 @@ class RawFileError(Exception):
     """The raw file cannot be used; the message says which line and why."""
 
 
-def read_raw(path: Path) -> dict[int, tuple[PageText, PromptMode, bool]]:
-    pages: dict[int, tuple[PageText, PromptMode, bool]] = {}
+def read_raw(path: Path) -> dict[int, RawPage]:
+    pages: dict[int, RawPage] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -53,9 +52,7 @@ async def rerender(
                 raise RawFileError(f"{raw} has no line for page {missing[0]} of {document}")
             pages = []
             for number in range(1, count + 1):
-                image = await pool.render(source, number)
-                text, prompt, retried = texts[number]
-                page = assemble_page(image, text, prompt, retried)
+                page = texts[number].result(await pool.render(source, number))
                 if settings.figures:
                     await cut_figures(pool, source, page, settings, Path(scratch))
                 pages.append(page)

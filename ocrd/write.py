@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ocrd import __version__
-from ocrd.domain import DocumentResult, DocumentSettings, Figure, PageResult
+from ocrd.domain import DocumentResult, DocumentSettings, Figure, PageResult, PageSource
 from ocrd.files import (
     fsync_dir,
     link_or_copy,
@@ -31,6 +31,7 @@ from ocrd.markdown import join_pages, page_markdown, scrub_tags, strip_running_l
 from ocrd.page import figure_box_px, page_record
 
 COMPANIONS = (".assets", ".layout.json", ".raw.jsonl")
+BLANK_MARKER = "*(blank page)*"
 UNFINISHED_MARKER = (
     "> **ocrd:** page {page} is incomplete: the engine stopped it before its end "
     "(finish reason: {reason})."
@@ -96,6 +97,9 @@ def render_markdown(result: DocumentResult, settings: DocumentSettings, assets: 
         page_markdown(page.blocks, settings.tables, figure_links(page, assets))
         for page in result.pages
     ]
+    for index, page in enumerate(result.pages):
+        if page.source is PageSource.blank and settings.blank_pages == "mark":
+            pages[index] = BLANK_MARKER
     if settings.strip_headers_footers:
         pages = strip_running_lines(pages)
     for index, page in enumerate(result.pages):
@@ -132,6 +136,8 @@ def _page_layout(page: PageResult, assets: str) -> dict[str, Any]:
         "image_width": page.image_size[0],
         "image_height": page.image_size[1],
         "prompt": page.prompt.value,
+        "source": page.source.value,
+        "blank": page.source is PageSource.blank,
         "finish_reason": page.finish_reason,
         "unfinished": page.unfinished,
         "retried": page.retried,
@@ -149,6 +155,8 @@ def layout_document(result: DocumentResult, source: str, assets: str) -> dict[st
         "source": source,
         "ocrd_version": __version__,
         "unfinished_pages": result.unfinished_pages,
+        "text_layer_pages": result.text_layer_pages,
+        "blank_pages": result.blank_pages,
         "pages": [_page_layout(page, assets) for page in result.pages],
     }
 

@@ -22,7 +22,11 @@ class RecordingEngine(SimulatedEngine):
     record of how many pages it held at once and which documents they came from."""
 
     def __init__(
-        self, capacity: int = 64, fail_page: int | None = None, failures: int = 1000
+        self,
+        capacity: int = 64,
+        fail_page: int | None = None,
+        failures: int = 1000,
+        seconds: float | None = None,
     ) -> None:
         super().__init__(SimulatedConfig(seconds_per_page=0.0, capacity=capacity))
         self.active = 0
@@ -30,13 +34,15 @@ class RecordingEngine(SimulatedEngine):
         self.fail_page = fail_page
         self.failures = failures  # how often fail_page fails before it succeeds
         self.calls = 0
+        self.seconds = seconds  # each page's time; None: uneven, by page number
 
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         self.calls += 1
         self.active += 1
         self.peak = max(self.peak, self.active)
         try:
-            await asyncio.sleep(0.02 * ((page.number * 7) % 5))
+            uneven = 0.02 * ((page.number * 7) % 5)
+            await asyncio.sleep(uneven if self.seconds is None else self.seconds)
             if page.number == self.fail_page and self.failures > 0:
                 self.failures -= 1
                 raise EngineError("simulated failure")
@@ -87,7 +93,7 @@ def test_pages_in_flight_never_exceed_the_budget(tmp_path: Path) -> None:
 
 def test_pages_of_several_documents_are_in_the_engine_together(tmp_path: Path) -> None:
     pdfs = [make_pdf(tmp_path / f"doc{i}.pdf", 2) for i in range(4)]
-    engine = RecordingEngine()
+    engine = RecordingEngine(seconds=1.0)  # slow enough that rendering never lags behind
     run_pipeline(engine, pdfs, max_pages_in_flight=64, render_workers=4)
     assert engine.peak >= 3  # pages from at least two documents at once
 

@@ -54,13 +54,15 @@ def test_rerender_crops_links_and_lays_out_figures(corpus: Path, tmp_path: Path)
     assert "See your Linn dealer & more" in markdown
     assert "page 1 is incomplete" in markdown  # finish_reason length
 
-    # The page went to the engine as US Letter at 144 DPI; the figure is cut from the PDF
-    # at the figure resolution, twice that by default: the box's size at 288 DPI.
+    # The page went to the engine as US Letter at 144 DPI; the figure is cut from the scan
+    # embedded in the PDF, at its own 300 DPI (more than the 288 DPI a render would give).
     width, height = 1224, 1584
     left, top = round(FIGURE[0] / 999 * width), round(FIGURE[1] / 999 * height)
     right, bottom = round(FIGURE[2] / 999 * width), round(FIGURE[3] / 999 * height)
+    scale = 300 / 144
     with Image.open(out / "ocrmypdf__linn.assets" / "page1-figure1.png") as figure:
-        assert figure.size == pytest.approx((2 * (right - left), 2 * (bottom - top)), abs=2)
+        expected = (scale * (right - left), scale * (bottom - top))
+        assert figure.size == pytest.approx(expected, abs=3)
         figure_size = list(figure.size)
 
     layout = json.loads((out / "ocrmypdf__linn.layout.json").read_text())
@@ -74,10 +76,10 @@ def test_rerender_crops_links_and_lays_out_figures(corpus: Path, tmp_path: Path)
     expected_pt = [v / 999 * size for v, size in zip(FIGURE, [612, 792] * 2, strict=True)]
     assert image["boxes_pt"][0] == pytest.approx(expected_pt, abs=0.01)
     assert image["figure"] == "ocrmypdf__linn.assets/page1-figure1.png"
-    assert image["figure_size"] == figure_size and image["figure_source_dpi"] == 288
-    x1, y1, x2, y2 = image["figure_source_box"]  # in pixels of the page at 288 DPI
+    assert image["figure_size"] == figure_size and image["figure_source_dpi"] == 300
+    x1, y1, x2, y2 = image["figure_source_box"]  # in pixels of the embedded 300 DPI scan
     assert (x2 - x1, y2 - y1) == pytest.approx(figure_size, abs=1)
-    assert (x1, y1) == pytest.approx((2 * left, 2 * top), abs=2)
+    assert (x1, y1) == pytest.approx((scale * left, scale * top), abs=3)
     assert [b["label"] for b in page["blocks"]] == ["title", "image", "image", "table", "text"]
 
 
