@@ -2,10 +2,13 @@
 
 The rename is atomic on one filesystem, so a second event for the same file finds nothing
 to claim, and a file is either in the inbox or claimed, never both. Each claim is a folder
-`<work>/<id>/` holding the original at its path relative to the inbox, and `.claim.json`
-with what ocrd knows about it: how often processing started, and the settlement it planned
-before moving anything, so that a restart finishes a half-done settlement instead of
-repeating it. Claims left by an earlier run are taken up again at start-up.
+`<work>/<id>/` holding the original at its path relative to the inbox (a file, or a scan
+job's whole folder; with duplex collating also the backs file, a companion), and
+`.claim.json` with what ocrd knows about it: which originals it holds, how often processing
+started, and the settlement it planned before moving anything, so that a restart finishes
+a half-done settlement instead of repeating it. The state is written before the originals
+are moved in, so a claim found without its original was never completed (or was settled).
+Claims left by an earlier run are taken up again at start-up.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import os
 import secrets
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from typing import Any
@@ -42,6 +45,7 @@ class Settlement:
     error_report: str | None = None
     error: dict[str, Any] | None = None
     naming: str = "original"  # or "safe", "flat": where the target refused the name
+    companions: list[str] = field(default_factory=list)  # destinations of the companions
 
 
 @dataclass
@@ -54,6 +58,7 @@ class ClaimState:
     # the daemon or its engine died. A clean stop takes its attempt back.
     attempts: int = 0
     alone: bool = False  # the last attempt ran with no other document in flight
+    companions: list[str] = field(default_factory=list)  # other originals (a duplex's backs)
     settlement: Settlement | None = None
 
 
@@ -82,8 +87,13 @@ class Claim:
 
     @property
     def path(self) -> Path:
-        """Where the original lies while it is claimed."""
+        """Where the original (a file, or a job folder) lies while it is claimed."""
         return self.folder / self.relative_path
+
+    @property
+    def companion_paths(self) -> tuple[Path, ...]:
+        """Where the companions lie while claimed (those still there)."""
+        return tuple(self.folder / relative for relative in self.state.companions)
 
     def save(self) -> None:
         replace_file(self.folder / STATE_FILE, json.dumps(asdict(self.state), indent=2).encode())
@@ -121,24 +131,41 @@ class WorkArea:
         self.inbox = inbox
         self.work = work
 
-    def claim(self, path: Path) -> Claim | None:
-        """Move `path` (inside the inbox) into a new claim; None if it is already gone."""
+    def claim(self, path: Path, companions: tuple[Path, ...] = ()) -> Claim | None:
+        """Move `path` (a file or a job folder inside the inbox), and its companions, into
+        a new claim; None if `path` is already gone (a companion gone is left out)."""
         relative = path.relative_to(self.inbox)
         claim_id = new_claim_id()
         folder = self.work / claim_id
-        target = folder / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(path, target)
-        except FileNotFoundError:
+        folder.mkdir(parents=True)
+        state = ClaimState(
+            claim_id,
+            str(self.inbox),
+            str(relative),
+            now_iso(),
+            companions=[str(c.relative_to(self.inbox)) for c in companions],
+        )
+        claim = Claim(folder, state)
+        claim.save()  # first: a claim folder without its original is known to be empty
+        if not self._move_in(path, claim.path):
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        fsync_dir(path.parent)
-        fsync_dir(target.parent)
-        state = ClaimState(claim_id, str(self.inbox), str(relative), now_iso())
-        claim = Claim(folder, state)
-        claim.save()
+        moved = [c for c in companions if self._move_in(c, folder / c.relative_to(self.inbox))]
+        if len(moved) != len(companions):
+            state.companions = [str(c.relative_to(self.inbox)) for c in moved]
+            claim.save()
         return claim
+
+    @staticmethod
+    def _move_in(source: Path, target: Path) -> bool:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(source, target)
+        except FileNotFoundError:
+            return False
+        fsync_dir(source.parent)
+        fsync_dir(target.parent)
+        return True
 
     def recover(self) -> list[Claim]:
         """Claims an earlier run left behind, oldest first; empty claim folders are removed."""
@@ -154,6 +181,10 @@ class WorkArea:
         return claims
 
     def _load(self, folder: Path) -> Claim | None:
+        state = self._saved_state(folder)
+        if state is not None:
+            claim = Claim(folder, state)
+            return claim if claim.path.exists() else None  # never filled, or settled
         originals = [
             path
             for path in folder.rglob("*")
@@ -162,14 +193,16 @@ class WorkArea:
         ]  # hidden names are ocrd's own: the state file and the figures made so far
         if len(originals) != 1:
             return None  # settled (original moved out) before the folder was removed
-        relative = originals[0].relative_to(folder)
-        state = ClaimState(folder.name, str(self.inbox), str(relative), now_iso())
-        state_path = folder / STATE_FILE
+        relative = originals[0].relative_to(folder)  # a claim of an earlier ocrd's making
+        return Claim(folder, ClaimState(folder.name, str(self.inbox), str(relative), now_iso()))
+
+    @staticmethod
+    def _saved_state(folder: Path) -> ClaimState | None:
         try:
-            saved = json.loads(state_path.read_text(encoding="utf-8"))
+            saved = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
             settlement = saved.pop("settlement", None)
-            state = ClaimState(**{**saved, "relative_path": str(relative)})
+            state = ClaimState(**saved)
             state.settlement = Settlement(**settlement) if settlement else None
         except (OSError, ValueError, TypeError):
-            pass  # killed before the state was first written: start from what the folder shows
-        return Claim(folder, state)
+            return None
+        return state

@@ -65,6 +65,12 @@ class InboxConfig(Strict):
     recursive: bool = True
     include: tuple[str, ...] = ("*",)
     ignore: tuple[str, ...] = ()
+    # Folders whose name matches one of these are scan jobs: one document of their files.
+    job_folders: tuple[str, ...] = ()
+    # Duplex from a single-sided feeder: a file, then the next within the window, are the
+    # fronts and the backs (in reverse) of one document.
+    collate: bool = False
+    collate_window_seconds: Annotated[float, Field(gt=0)] = 300.0
     settle_seconds: Annotated[float, Field(ge=0)] = 5.0
     max_settle_wait_seconds: Annotated[float, Field(gt=0)] = 3600.0
     polling: bool = False

@@ -29,6 +29,7 @@ from pathlib import Path
 from ocrd import __version__
 from ocrd.activity import Activity
 from ocrd.claim import Claim, WorkArea
+from ocrd.collate import Collator
 from ocrd.config import Config, ConfigError, InboxConfig, load_config
 from ocrd.document import Documents, Inbox, still_growing
 from ocrd.domain import DocumentFailed, DocumentSettings
@@ -124,6 +125,7 @@ class LoopLag:
 class Job:
     inbox: Inbox
     path: Path | None = None  # a ready file in the inbox, still to be claimed
+    companions: tuple[Path, ...] = ()  # claimed with it: a duplex's backs file
     claim: Claim | None = None  # or a claim recovered from the work area
     failure: DocumentFailed | None = None  # known to fail before it is read
     since: float = field(default_factory=time.monotonic)  # first seen
@@ -326,6 +328,7 @@ class Daemon:
             tracker=SettleTracker(config),
             settler=Settler(config, self.engine.name),
             settings=DocumentSettings.of(config, self.engine.name),
+            collator=Collator(config.collate_window_seconds) if config.collate else None,
         )
         if recover:
             for claim in await asyncio.to_thread(self._prepare_folders, inbox):
@@ -362,7 +365,7 @@ class Daemon:
         unclaimed = [job for job in self._jobs if job.inbox is inbox and job.claim is None]
         for job in unclaimed:
             self._jobs.remove(job)
-            self._queued.discard(job.path)  # type: ignore[arg-type]
+            self._queued.difference_update((job.path, *job.companions))
         self.log.info("inbox.removed", inbox=str(path), files_left_unclaimed=len(unclaimed))
         return inbox
 
@@ -375,6 +378,8 @@ class Daemon:
             for job in self._jobs:
                 if job.inbox is old and job.claim is None:
                     job.inbox = new
+            if old.collator is not None and new.collator is not None:
+                new.collator.fronts = old.collator.fronts  # a fronts file keeps waiting
 
     # --- serving -----------------------------------------------------------------------
 
@@ -402,6 +407,7 @@ class Daemon:
 
     async def collect_ready_files(self) -> None:
         for inbox in self.inboxes:
+            self._collate_expired(inbox)
             paths = inbox.tracker.due()
             if not paths:
                 continue
@@ -410,8 +416,41 @@ class Daemon:
                 if ready.path in self._queued:
                     continue
                 self._queued.add(ready.path)
-                failure = still_growing(inbox.config) if ready.still_growing else None
-                self._jobs.append(Job(inbox, ready.path, failure=failure, since=ready.first_seen))
+                if ready.still_growing:
+                    failure = still_growing(inbox.config)
+                    self._jobs.append(
+                        Job(inbox, ready.path, failure=failure, since=ready.first_seen)
+                    )
+                elif inbox.collator is not None and not ready.folder:
+                    self._collate(inbox, ready.path, ready.first_seen)
+                else:
+                    self._jobs.append(Job(inbox, ready.path, since=ready.first_seen))
+
+    def _collate(self, inbox: Inbox, path: Path, first_seen: float) -> None:
+        """In a collating inbox a file waits as the fronts, or completes a pair."""
+        assert inbox.collator is not None
+        pair = inbox.collator.add(path, first_seen)
+        if pair is None:
+            self.log.info(
+                "collate.fronts_waiting",
+                path=str(path),
+                window_seconds=inbox.config.collate_window_seconds,
+            )
+            return
+        fronts, backs = pair
+        self.log.info("collate.paired", fronts=str(fronts), backs=str(backs))
+        self._jobs.append(Job(inbox, fronts, companions=(backs,), since=first_seen))
+
+    def _collate_expired(self, inbox: Inbox) -> None:
+        alone = inbox.collator.expired() if inbox.collator is not None else None
+        if alone is not None:
+            self.log.info(
+                "collate.alone",
+                path=str(alone.path),
+                reason=f"no backs file came within {inbox.config.collate_window_seconds:g} s; "
+                "converted as it is",
+            )
+            self._jobs.append(Job(inbox, alone.path, since=alone.first_seen))
 
     def watch_engine(self) -> None:
         """Log the engine's changes of state; a dead engine ends the daemon."""
@@ -475,8 +514,9 @@ class Daemon:
     async def _claim(self, job: Job) -> Claim | None:
         assert job.path is not None
         self._queued.discard(job.path)
+        self._queued.difference_update(job.companions)
         try:
-            claim = await asyncio.to_thread(job.inbox.work.claim, job.path)
+            claim = await asyncio.to_thread(job.inbox.work.claim, job.path, job.companions)
         except OSError as error:
             self.log.error(
                 "file.claim_failed",
@@ -493,6 +533,7 @@ class Daemon:
             doc=claim.id,
             path=claim.state.relative_path,
             inbox=str(job.inbox.config.path),
+            **({"companions": claim.state.companions} if claim.state.companions else {}),
         )
         return claim
 
@@ -576,7 +617,8 @@ class Daemon:
 
     @property
     def waiting(self) -> int:
-        return len(self._jobs) + sum(len(inbox.tracker) for inbox in self.inboxes)
+        collating = sum(1 for i in self.inboxes if i.collator is not None and i.collator.fronts)
+        return len(self._jobs) + sum(len(inbox.tracker) for inbox in self.inboxes) + collating
 
     def problems(self) -> list[str]:
         """What keeps ocrd from being ready, or needs an operator; empty when all is well."""
@@ -640,6 +682,15 @@ class Daemon:
             for job in self._jobs
             if job.inbox is inbox
         ]
+        fronts = inbox.collator.fronts if inbox.collator is not None else None
+        if fronts is not None:
+            waiting.append(
+                WaitingFile(
+                    path=str(fronts.path.relative_to(root)),
+                    waiting_seconds=now - fronts.first_seen,
+                    ready=True,
+                )
+            )
         waiting.sort(key=lambda f: -f.waiting_seconds)
         in_flight = [
             DocumentProgress(

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ocrd.claim import Claim, Settlement, WorkArea
+from ocrd.collate import Collator
 from ocrd.config import InboxConfig
 from ocrd.domain import (
     DocumentFailed,
@@ -44,6 +45,7 @@ from ocrd.log import FilteringBoundLogger, get_logger
 from ocrd.page import PageJournal
 from ocrd.pipeline import Pipeline, Progress
 from ocrd.settle import Naming, Settler
+from ocrd.sources import Sources
 from ocrd.storage import Fault, classify, describe
 from ocrd.watch import InboxWatcher, SettleTracker
 
@@ -63,6 +65,7 @@ class Inbox:
     settler: Settler
     settings: DocumentSettings
     watcher: InboxWatcher | None = None
+    collator: Collator | None = None  # with `collate: true`: a fronts file waiting
 
 
 @dataclass
@@ -189,8 +192,9 @@ class Documents:
         arrival: float,
     ) -> DocumentResult | DocumentFailed:
         try:
+            sources = await asyncio.to_thread(Sources.of, claim.path, claim.companion_paths)
             return await self.pipeline.convert(
-                claim.path,
+                sources,
                 inbox.settings,
                 claim.scratch,
                 log,

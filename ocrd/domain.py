@@ -52,12 +52,26 @@ class RenderSettings:
 
 
 @dataclass(frozen=True)
+class PageInfo:
+    """What is known of a rendered page besides its pixels."""
+
+    number: int  # 1-based
+    image_size: tuple[int, int]  # the pixels' width and height
+    width_pt: float  # the page's size in PDF points (72 per inch), for mapping boxes back
+    height_pt: float
+
+
+@dataclass(frozen=True)
 class PageImage:
     number: int  # 1-based
     image: Image.Image
     width_pt: float  # the page's size in PDF points (72 per inch), for mapping boxes back
     height_pt: float
     blank: bool = False  # nothing on it at this resolution (a scanned back, a separator)
+
+    @property
+    def info(self) -> PageInfo:
+        return PageInfo(self.number, self.image.size, self.width_pt, self.height_pt)
 
 
 @dataclass(frozen=True)

@@ -146,8 +146,30 @@ def replace_file(target: Path, data: bytes) -> None:
     fsync_dir(target.parent)
 
 
+def _copy_folder_across(source: Path, target: Path) -> None:
+    """A folder to another filesystem: copied whole under a temporary name and made
+    durable, renamed into place, and only then removed at the source."""
+    temporary = temporary_path(target.parent)
+    try:
+        shutil.copytree(source, temporary)
+        for root, _, files in os.walk(temporary):
+            for name in files:
+                with open(os.path.join(root, name), "rb") as handle:
+                    os.fsync(handle.fileno())
+            fsync_dir(Path(root))
+        if target.exists():
+            raise FileExistsError(errno.EEXIST, "file exists", str(target))
+        os.rename(temporary, target)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    fsync_dir(target.parent)
+    shutil.rmtree(source)
+    fsync_dir(source.parent)
+
+
 def move_new(source: Path, target: Path) -> None:
-    """Move `source` to `target`, which must not exist; across filesystems too.
+    """Move `source` (a file or a folder) to `target`, which must not exist; across
+    filesystems too.
 
     Across filesystems the copy is made durable before the source is removed, so a crash
     leaves at worst two copies, never none.
@@ -158,6 +180,9 @@ def move_new(source: Path, target: Path) -> None:
     except OSError as error:
         if error.errno != errno.EXDEV:
             raise
+        if source.is_dir():
+            _copy_folder_across(source, target)
+            return
         temporary = temporary_path(target.parent)
         try:
             shutil.copy2(source, temporary)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ocrd.config import PromptMode
-from ocrd.domain import Figure, PageImage, PageResult, PageSource, PageText, TextLayer
+from ocrd.domain import Figure, PageInfo, PageResult, PageSource, PageText, TextLayer
 from ocrd.grounding import Block, Box, parse_page
 from ocrd.markdown import looks_repetitive
 
@@ -44,7 +44,7 @@ def figure_name(page: int, number: int) -> str:
 
 
 def assemble_page(
-    page: PageImage,
+    page: PageInfo,
     text: PageText,
     prompt: PromptMode,
     retried: bool = False,
@@ -54,7 +54,7 @@ def assemble_page(
         number=page.number,
         text=text,
         prompt=prompt,
-        image_size=page.image.size,
+        image_size=page.image_size,
         page_size_pt=(page.width_pt, page.height_pt),
         blocks=parse_page(text.text),
         retried=retried,
@@ -62,7 +62,7 @@ def assemble_page(
     )
 
 
-def blank_page(page: PageImage, prompt: PromptMode) -> PageResult:
+def blank_page(page: PageInfo, prompt: PromptMode) -> PageResult:
     """A page with nothing on it: not sent to the engine, its text empty."""
     return assemble_page(page, PageText("", "stop"), prompt, source=PageSource.blank)
 
@@ -125,8 +125,8 @@ class RawPage:
     retried: bool
     source: PageSource
 
-    def result(self, page: PageImage) -> PageResult:
-        """The page assembled again from its raw line, on the page's pixels."""
+    def result(self, page: PageInfo) -> PageResult:
+        """The page assembled again from its raw line, on the page as rendered."""
         return assemble_page(page, self.text, self.prompt, self.retried, self.source)
 
 

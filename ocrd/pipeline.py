@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ocrd.config import PipelineConfig, PromptMode
@@ -39,8 +39,9 @@ from ocrd.page import (
     figure_regions,
     text_layer_page,
 )
-from ocrd.render import Document, RenderError, RenderLimits, RenderPool, detect_format
+from ocrd.render import Document, RenderError, RenderLimits, RenderPool
 from ocrd.schedule import PageBudget, Ticket
+from ocrd.sources import PageRef, Sources, page_files, page_order
 
 
 class Progress:
@@ -59,7 +60,7 @@ class Progress:
 class _Run:
     """One document on its way through the pipeline."""
 
-    document: Document
+    pages: list[PageRef]  # where each page (1-based, by index + 1) comes from
     settings: DocumentSettings
     figures: Path | None  # where figures are cut to; None: no figures
     log: FilteringBoundLogger
@@ -101,7 +102,7 @@ class Pipeline:
 
     async def convert(
         self,
-        path: Path,
+        source: Path | Sources,
         settings: DocumentSettings,
         scratch: Path,
         log: FilteringBoundLogger | None = None,
@@ -109,16 +110,18 @@ class Pipeline:
         progress: Progress | None = None,
         arrival: float | None = None,
     ) -> DocumentResult:
-        """Render and recognise every page of `path`; raises DocumentFailed with the reason.
+        """Render and recognise every page of `source` (a file, or the files of a scan job or
+        a duplex pair); raises DocumentFailed with the reason.
 
         Figures are cut into `scratch` as pages come back, not kept in memory. Pages found in
         `journal` are taken from it; each newly recognised page is added to it.
         """
-        log = log or get_logger(path=str(path))
+        sources = source if isinstance(source, Sources) else Sources((source,))
+        log = log or get_logger(path=str(sources.files[0] if sources.files else source))
         progress = progress or Progress()
         started = time.monotonic()
         try:
-            fmt = await asyncio.to_thread(detect_format, path)
+            files, skipped = await asyncio.to_thread(page_files, sources)
         except RenderError as error:
             raise DocumentFailed(
                 Stage.detect, str(error), error_type="UnsupportedInput", code=error.code
@@ -127,16 +130,24 @@ class Pipeline:
             raise DocumentFailed(
                 Stage.detect, f"cannot read the file: {error.strerror}", code="unreadable"
             ) from None
-        document = Document(path, fmt, settings.render)
+        if skipped:
+            log.warning("document.files_skipped", files=skipped, reason="not a PDF or an image")
+        if not files:
+            raise DocumentFailed(
+                Stage.detect, "the folder holds no PDF, TIFF, PNG or JPEG file", code="no_pages"
+            )
+        documents = [Document(path, fmt, settings.render) for path, fmt in files]
         try:
-            pages = await self._pages(document, settings, scratch, log, journal, progress, arrival)
+            pages = await self._pages(
+                documents, sources.kind, settings, scratch, log, journal, progress, arrival
+            )
         except BaseExceptionGroup as group:
             raise _document_failure(group) from None
         except RenderError as error:
             raise DocumentFailed(
                 Stage.render, str(error), error.page, "RenderError", error.code
             ) from None
-        result = DocumentResult(fmt, pages, time.monotonic() - started)
+        result = DocumentResult(documents[0].format, pages, time.monotonic() - started)
         if result.unfinished_pages and settings.unfinished_pages == "failed":
             raise DocumentFailed(
                 Stage.recognise,
@@ -149,7 +160,8 @@ class Pipeline:
 
     async def _pages(
         self,
-        document: Document,
+        documents: list[Document],
+        kind: str,
         settings: DocumentSettings,
         scratch: Path,
         log: FilteringBoundLogger,
@@ -159,17 +171,27 @@ class Pipeline:
     ) -> list[PageResult]:
         figures = scratch if settings.figures else None
         done = await asyncio.to_thread(journal.load, figures) if journal else {}
-        count = await self.renderers.open(document)
+        counts = [await self._open(document, len(documents) > 1) for document in documents]
+        refs = [PageRef(documents[i], n) for i, n in page_order(counts, kind == "duplex")]
+        count = len(refs)
         resumed = {number: page for number, page in done.items() if number <= count}
         progress.pages, progress.done = count, len(resumed)
         log.info(
             "document.opened",
-            format=str(document.format),
+            format=str(documents[0].format) if len(documents) == 1 else kind,
+            files=len(documents),
             pages=count,
             resumed_pages=len(resumed),
         )
+        if kind == "duplex" and counts[0] != counts[-1]:
+            log.warning(
+                "document.duplex_unequal",
+                fronts=counts[0],
+                backs=counts[-1],
+                action="pages interleaved as far as both go, the rest appended",
+            )
         run = _Run(
-            document,
+            refs,
             settings,
             figures,
             log,
@@ -197,16 +219,27 @@ class Pipeline:
         """One page: from its own text layer where that is preferred and good; otherwise
         rendered and, unless blank, through the engine (an unfinished layout page gets one
         plain-text retry), its figures cut from the source; then journaled."""
-        result = await self._from_text_layer(run, number)
-        if result is None:
-            page = await self.renderers.render(run.document, number)
-            if page.blank and run.settings.blank_pages != "keep":
-                result = blank_page(page, run.settings.prompt)
-            else:
-                result = await self._recognise(page, run)
-            del page  # the pixels are not needed past the engine
-        if run.figures is not None and result.source is PageSource.engine:
-            await cut_figures(self.renderers, run.document, result, run.settings, run.figures)
+        ref = run.pages[number - 1]
+        try:
+            result = await self._from_text_layer(run, ref, number)
+            if result is None:
+                page = await self._render(ref, number)
+                if page.blank and run.settings.blank_pages != "keep":
+                    result = blank_page(page.info, run.settings.prompt)
+                else:
+                    # The pixels go to the engine and are not held here meanwhile: an
+                    # engine that queues the page keeps only what it made of them.
+                    rendered = [page]
+                    del page
+                    result = await self._recognise(rendered, ref, run)
+            if run.figures is not None and result.source is PageSource.engine:
+                await cut_figures(self.renderers, ref, result, run.settings.figure_dpi, run.figures)
+        except RenderError as error:
+            if len({r.document for r in run.pages}) == 1:
+                raise
+            raise RenderError(  # say which of the files, and which page of the document
+                f"{ref.document.path.name}: {error}", page=number, code=error.code
+            ) from None
         run.ticket.page_done()
         run.progress.page_done()
         run.log.info(
@@ -228,51 +261,73 @@ class Pipeline:
             callback(result)
         return result
 
-    async def _from_text_layer(self, run: _Run, number: int) -> PageResult | None:
+    async def _from_text_layer(self, run: _Run, ref: PageRef, number: int) -> PageResult | None:
         """The page from its PDF text layer, where the inbox prefers that and it is good."""
-        if run.settings.pdf_text != "prefer" or run.document.format is not InputFormat.pdf:
+        if run.settings.pdf_text != "prefer" or ref.document.format is not InputFormat.pdf:
             return None
         layer = await self.renderers.text_layer(
-            run.document, number, running_lines=not run.settings.strip_headers_footers
+            ref.document, ref.number, running_lines=not run.settings.strip_headers_footers
         )
         if not layer.usable:
             run.log.debug("page.text_layer_refused", page=number, reason=layer.reason)
             return None
         return text_layer_page(number, layer, run.settings.prompt)
 
-    async def _recognise(self, page: PageImage, run: _Run) -> PageResult:
+    async def _open(self, document: Document, one_of_several: bool) -> int:
+        """A file's page count; of a scan job's files, a failure names the file."""
+        try:
+            return await self.renderers.open(document)
+        except RenderError as error:
+            if not one_of_several:
+                raise
+            raise RenderError(f"{document.path.name}: {error}", code=error.code) from None
+
+    async def _render(self, ref: PageRef, number: int) -> PageImage:
+        """Page `number` of the document, rendered from its source page."""
+        return replace(await self.renderers.render(ref.document, ref.number), number=number)
+
+    async def _recognise(self, rendered: list[PageImage], ref: PageRef, run: _Run) -> PageResult:
+        """The engine's page; `rendered` holds the page's pixels and is emptied as they are
+        handed over (a retry renders the page again rather than keep them)."""
+        info = rendered[0].info
         prompt = run.settings.prompt
-        text = await self._engine_text(page, prompt, run)
-        result = assemble_page(page, text, prompt)
+        text = await self._engine_text(rendered, ref, info.number, prompt, run)
+        result = assemble_page(info, text, prompt)
         if result.unfinished and run.settings.retry_unfinished and prompt is PromptMode.layout:
             run.log.info(
                 "page.retrying",
-                page=page.number,
+                page=info.number,
                 finish_reason=result.finish_reason,
                 prompt=PromptMode.text.value,
             )
-            retry = await self._engine_text(page, PromptMode.text, run)
+            retry = await self._engine_text(rendered, ref, info.number, PromptMode.text, run)
             if better(text, retry) is retry:
-                return assemble_page(page, retry, PromptMode.text, retried=True)
+                return assemble_page(info, retry, PromptMode.text, retried=True)
             result.retried = True
         return result
 
-    async def _engine_text(self, page: PageImage, prompt: PromptMode, run: _Run) -> PageText:
+    async def _engine_text(
+        self, rendered: list[PageImage], ref: PageRef, number: int, prompt: PromptMode, run: _Run
+    ) -> PageText:
         """The engine's text for a page; a failed request is retried with backoff."""
         delay = self.retry_backoff_seconds
         for attempt in range(1, self.page_retries + 2):
-            try:
-                return await self.engine.recognise(page, prompt, self.budget.priority(run.ticket))
+            try:  # no local name holds the pixels while the engine has them
+                return await self.engine.recognise(
+                    rendered.pop() if rendered else await self._render(ref, number),
+                    prompt,
+                    self.budget.priority(run.ticket),
+                )
             except EngineError as error:
                 if not error.retryable or attempt > self.page_retries:
                     raise EngineError(
-                        f"page {page.number} failed in the engine"
+                        f"page {number} failed in the engine"
                         + (f" {attempt} times; last: {error}" if attempt > 1 else f": {error}"),
-                        page=page.number,
+                        page=number,
                     ) from error
                 run.log.warning(
                     "page.engine_error",
-                    page=page.number,
+                    page=number,
                     attempt=attempt,
                     error=str(error),
                     retry_in_seconds=delay,
@@ -283,19 +338,15 @@ class Pipeline:
 
 
 async def cut_figures(
-    renderers: RenderPool,
-    document: Document,
-    page: PageResult,
-    settings: DocumentSettings,
-    folder: Path,
+    renderers: RenderPool, source: PageRef, page: PageResult, dpi: int, folder: Path
 ) -> None:
-    """Cut the page's figures from the source into `folder` (by the render workers)."""
+    """Cut the page's figures from its source page into `folder` (by the render workers)."""
     regions = figure_regions(page)
     if not regions:
         return
     names = [figure_name(page.number, n) for n in range(1, len(regions) + 1)]
     cuts = await renderers.figures(
-        document, page.number, list(regions.values()), settings.figure_dpi, folder, names
+        source.document, source.number, list(regions.values()), dpi, folder, names
     )
     page.figures = dict(zip(regions, cuts, strict=True))
 

@@ -16,6 +16,7 @@ from ocrd.domain import DocumentFailed, DocumentResult, DocumentSettings, Stage
 from ocrd.page import RawPage, text_from_record
 from ocrd.pipeline import cut_figures
 from ocrd.render import Document, RenderError, RenderLimits, RenderPool, detect_format
+from ocrd.sources import PageRef
 from ocrd.write import OutputFiles, markdown_target, write_document
 
 
@@ -52,9 +53,11 @@ async def rerender(
                 raise RawFileError(f"{raw} has no line for page {missing[0]} of {document}")
             pages = []
             for number in range(1, count + 1):
-                page = texts[number].result(await pool.render(source, number))
+                page = texts[number].result((await pool.render(source, number)).info)
                 if settings.figures:
-                    await cut_figures(pool, source, page, settings, Path(scratch))
+                    await cut_figures(
+                        pool, PageRef(source, number), page, settings.figure_dpi, Path(scratch)
+                    )
                 pages.append(page)
             result = DocumentResult(source.format, pages, 0.0)
             target = markdown_target(out, Path(document.name))

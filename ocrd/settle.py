@@ -72,9 +72,15 @@ def write_report(target: Path, report: dict[str, Any]) -> None:
     write_new_file(target, (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode())
 
 
-def _move_original(claim: Claim, target: Path) -> None:
-    source = claim.path
-    if target.exists() and (os.path.samefile(source, target) or filecmp.cmp(source, target, False)):
+def _move_original(source: Path, target: Path) -> None:
+    """Move a claimed original (a file or a job folder) to its planned place, once."""
+    if not source.exists() and not source.is_symlink():
+        return  # moved by an earlier run that died before releasing the claim
+    if (
+        source.is_file()
+        and target.is_file()
+        and (os.path.samefile(source, target) or filecmp.cmp(source, target, False))
+    ):
         source.unlink()  # an earlier run put it there and died before removing the source
         return
     try:
@@ -107,6 +113,7 @@ class Settler:
         if not reusable:
             self._abandon(settlement)
             settlement = self._plan_done(named(claim.relative_path, naming), naming)
+            settlement.companions = self._plan_companions(claim, self.inbox.done, naming)
             claim.plan(settlement)
         # else: an earlier attempt planned these names and died (or hit a storage fault)
         # before finishing; reusing them overwrites what it left instead of adding a copy.
@@ -148,10 +155,19 @@ class Settler:
                 error_report=str(report_path(original)),
                 error=error_report(failure, claim, self.engine, claim.path),
                 naming=naming,
+                companions=self._plan_companions(claim, self.inbox.failed, naming),
             )
             claim.plan(settlement)
         assert settlement is not None
         return self._finish_failed(claim, settlement)
+
+    @staticmethod
+    def _plan_companions(claim: Claim, folder: Path, naming: Naming) -> list[str]:
+        """Free names in `folder` for the claim's companions (a duplex's backs file)."""
+        return [
+            str(free_name(folder / named(PurePath(relative), naming), ERROR_SUFFIX))
+            for relative in claim.state.companions
+        ]
 
     @staticmethod
     def _abandon(settlement: Settlement | None) -> None:
@@ -183,5 +199,8 @@ class Settler:
         return settlement
 
     def _finish(self, claim: Claim, settlement: Settlement) -> None:
-        _move_original(claim, Path(settlement.original))
+        """Companions first, the original last: a claim whose original is gone is settled."""
+        for source, target in zip(claim.companion_paths, settlement.companions, strict=True):
+            _move_original(source, Path(target))
+        _move_original(claim.path, Path(settlement.original))
         claim.release()

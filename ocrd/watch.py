@@ -4,7 +4,10 @@ Events come from watchdog (inotify, or polling for SMB/NFS mounts where inotify 
 from a scan at start-up and from a periodic rescan that catches whatever events missed.
 An event only makes a path a candidate; a candidate is ready once two looks at it
 `settle_seconds` apart found the same size, mtime and inode, so a scanner or a slow copy is
-never read half-written.
+never read half-written. A folder whose name matches the inbox's `job_folders` is a scan
+job: it is one candidate (an event for any file in it is an event for the folder), and it
+is ready once it holds files and none of them (their number, sizes, mtimes) changed for
+`settle_seconds`.
 
 Nothing here blocks the event loop: the daemon asks which candidates are due for a look,
 stats them in a thread, and hands the results back. A candidate is looked at only when an
@@ -38,7 +41,32 @@ from ocrd.log import get_logger
 STAT_RETRY_FIRST_SECONDS = 1.0
 STAT_RETRY_MAX_SECONDS = 60.0
 
-StatOutcome = os.stat_result | OSError
+
+@dataclass(frozen=True)
+class Look:
+    """What one look at a candidate found."""
+
+    kind: str  # "file", "folder" (a job folder), "link" or "other"
+    signature: tuple[int, ...] = ()  # changes whenever the candidate's content does
+    files: int = 1  # files in a job folder
+
+
+StatOutcome = Look | OSError
+
+
+def job_folder_of(relative: PurePath, inbox: InboxConfig, is_directory: bool) -> PurePath | None:
+    """The scan job folder `relative` is (or lies in), by the inbox's `job_folders`."""
+    if not inbox.job_folders:
+        return None
+    folders = relative.parts if is_directory else relative.parts[:-1]
+    if not inbox.recursive:
+        folders = folders[:1]
+    for depth, name in enumerate(folders):
+        if name.startswith("."):
+            return None
+        if any(fnmatch.fnmatch(name, pattern) for pattern in inbox.job_folders):
+            return PurePath(*relative.parts[: depth + 1])
+    return None
 
 
 def is_candidate_name(relative: PurePath, inbox: InboxConfig) -> bool:
@@ -65,6 +93,13 @@ def scan(inbox: InboxConfig, root: Path | None = None) -> tuple[list[Path], list
     errors: list[OSError] = []
     for folder, folders, files in os.walk(root or inbox.path, onerror=errors.append):
         folders[:] = sorted(name for name in folders if not name.startswith("."))
+        jobs = [
+            name
+            for name in folders
+            if job_folder_of((Path(folder) / name).relative_to(inbox.path), inbox, True)
+        ]
+        found += [Path(folder) / name for name in jobs]  # one candidate, not entered
+        folders[:] = [name for name in folders if name not in jobs]
         if not inbox.recursive:
             folders.clear()
         for name in sorted(files):
@@ -74,12 +109,32 @@ def scan(inbox: InboxConfig, root: Path | None = None) -> tuple[list[Path], list
     return found, errors
 
 
+def look_at(path: Path) -> Look:
+    """One look at a candidate; OSError if it cannot be looked at. Blocking."""
+    info = path.lstat()
+    if stat.S_ISREG(info.st_mode):
+        return Look("file", (info.st_size, info.st_mtime_ns, info.st_ino))
+    if stat.S_ISLNK(info.st_mode):
+        return Look("link")
+    if not stat.S_ISDIR(info.st_mode):
+        return Look("other")
+    files, size, latest = 0, 0, info.st_mtime_ns
+    for root, folders, names in os.walk(path):
+        latest = max(latest, os.lstat(root).st_mtime_ns)
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        for name in names:
+            entry = os.lstat(os.path.join(root, name))
+            files, size = files + 1, size + entry.st_size
+            latest = max(latest, entry.st_mtime_ns)
+    return Look("folder", (files, size, latest, info.st_ino), files)
+
+
 def stat_all(paths: Iterable[Path]) -> dict[Path, StatOutcome]:
-    """lstat of each path, or the OSError it raised. Blocking: run it in a thread."""
+    """A look at each path, or the OSError it raised. Blocking: run it in a thread."""
     outcomes: dict[Path, StatOutcome] = {}
     for path in paths:
         try:
-            outcomes[path] = path.lstat()
+            outcomes[path] = look_at(path)
         except OSError as error:
             outcomes[path] = error
     return outcomes
@@ -88,7 +143,7 @@ def stat_all(paths: Iterable[Path]) -> dict[Path, StatOutcome]:
 @dataclass
 class _Candidate:
     first_seen: float
-    signature: tuple[int, int, int] | None = None  # size, mtime, inode
+    signature: tuple[int, ...] | None = None  # size, mtime, inode; a folder's totals
     stable_since: float = 0.0
     due: float = 0.0  # when to look next
     failures: int = 0  # stats in a row that raised an OS error
@@ -99,6 +154,7 @@ class Ready:
     path: Path
     first_seen: float  # monotonic
     still_growing: bool = False  # never settled within max_settle_wait_seconds
+    folder: bool = False  # a scan job's folder
 
 
 class SettleTracker:
@@ -159,23 +215,29 @@ class SettleTracker:
                 else:
                     self._stat_failed(path, candidate, outcome, now)
                 continue
-            if not self._is_regular(path, outcome):
+            if not self._is_page_source(path, outcome):
                 self._forget(path, keep_warning=True)
                 continue
             if candidate.failures:
                 self.log.info("file.stat_recovered", path=str(path))
                 candidate.failures = 0
-            signature = (outcome.st_size, outcome.st_mtime_ns, outcome.st_ino)
-            if signature != candidate.signature:
-                candidate.signature, candidate.stable_since = signature, now
-            if now - candidate.stable_since >= self.inbox.settle_seconds:
+            if outcome.signature != candidate.signature:
+                candidate.signature, candidate.stable_since = outcome.signature, now
+            empty = outcome.kind == "folder" and outcome.files == 0  # a job not yet begun
+            if empty and now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
+                self.log.info("file.skipped", path=str(path), reason="an empty job folder")
                 self._forget(path)
-                ready.append(Ready(path, candidate.first_seen))
+            elif not empty and now - candidate.stable_since >= self.inbox.settle_seconds:
+                self._forget(path)
+                ready.append(Ready(path, candidate.first_seen, folder=outcome.kind == "folder"))
             elif now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self._forget(path)
                 ready.append(Ready(path, candidate.first_seen, still_growing=True))
             else:
-                self._look_at(path, candidate, candidate.stable_since + self.inbox.settle_seconds)
+                when = candidate.stable_since + self.inbox.settle_seconds
+                # An empty job folder is stable but not ready: look again within a second.
+                later = now + min(1.0, self.inbox.settle_seconds)
+                self._look_at(path, candidate, when if when > now else later)
         return ready
 
     def _stat_failed(self, path: Path, candidate: _Candidate, error: OSError, now: float) -> None:
@@ -197,12 +259,16 @@ class SettleTracker:
         if not keep_warning:
             self._warned.discard(path)
 
-    def _is_regular(self, path: Path, info: os.stat_result) -> bool:
-        if stat.S_ISREG(info.st_mode):
+    def _is_page_source(self, path: Path, look: Look) -> bool:
+        """A regular file, or a job folder; symlinks and the like are left alone."""
+        if look.kind == "file":
             return True
-        if not stat.S_ISDIR(info.st_mode) and path not in self._warned:  # once per path
+        if look.kind == "folder":
+            relative = path.relative_to(self.inbox.path)
+            return job_folder_of(relative, self.inbox, True) == relative
+        if path not in self._warned:  # once per path
             self._warned.add(path)
-            kind = "symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+            kind = "symbolic link" if look.kind == "link" else "not a regular file"
             self.log.warning("file.skipped", path=str(path), reason=f"{kind}; left in place")
         return False
 
@@ -297,6 +363,10 @@ class InboxWatcher:
         try:
             relative = path.relative_to(self.inbox.path)
         except ValueError:
+            return
+        job = job_folder_of(relative, self.inbox, is_directory)
+        if job is not None:  # anything in a scan job is news of the job
+            self._on_candidate(self.inbox.path / job)
             return
         if is_directory:
             # A folder moved in brings files that raised no events of their own.

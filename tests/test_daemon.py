@@ -208,9 +208,7 @@ def test_convert_shows_a_progress_bar_per_file_on_a_terminal(tmp_path: Path) -> 
     import sys
 
     pdfs = [make_pdf(tmp_path / f"volume{n}.pdf", 6) for n in (1, 2)]
-    config = write_config(
-        tmp_path, engine={"simulated": {"seconds_per_page": 0.3, "capacity": 2}}
-    )
+    config = write_config(tmp_path, engine={"simulated": {"seconds_per_page": 0.3, "capacity": 2}})
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "ocrd", "convert", *map(str, pdfs), "--out",

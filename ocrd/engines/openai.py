@@ -139,10 +139,12 @@ class OpenAiEngine:
         return body
 
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
+        number = page.number
         image_url = await asyncio.to_thread(png_data_url, page.image)
+        del page  # the PNG is all that waits for a server, not the raw pixels
         body = self.request_body(image_url, PROMPTS[mode])
         async with self._slots.slot(priority):
-            return await self._send(body, page.number)
+            return await self._send(body, number)
 
     async def _send(self, body: dict[str, Any], page: int) -> PageText:
         failures = 0

@@ -47,16 +47,19 @@ class SimulatedEngine:
 
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         started = time.monotonic()
+        # What it needs of the pixels is taken at once, as a real engine turns a page into
+        # tensors on arrival: the page's memory is not held while it waits its turn.
+        number, (width, height), digest = page.number, page.image.size, fingerprint(page.image)
+        del page
         async with self.slots.slot(priority):
             await asyncio.sleep(self.config.seconds_per_page)
-        width, height = page.image.size
         unfinished = (
             mode is PromptMode.layout
             and self.config.unfinished_every > 0
-            and page.number % self.config.unfinished_every == 0
+            and number % self.config.unfinished_every == 0
         )
         return PageText(
-            text=self._text(page.number, width, height, fingerprint(page.image), mode),
+            text=self._text(number, width, height, digest, mode),
             finish_reason="length" if unfinished else "stop",
             prompt_tokens=257,
             completion_tokens=self.config.tokens_per_page,

@@ -1,0 +1,92 @@
+"""What a document's pages are made of: one file, a scan job's folder of files, or the fronts
+and backs of a single-sided feeder collated into one.
+
+A scan job is a folder whose files (images and PDFs, in subfolders too) are pages in
+natural name order, so `p2` comes before `p10`. Files that are no pages (a scanner's XML or
+thumbnails database) are left out and named in the log; hidden and temporary names are
+ignored as in an inbox. Duplex collating takes the fronts file as it is and the backs file
+in reverse (a single-sided feeder scans the turned-over stack from its last page), and
+interleaves them: front 1, back 1, front 2, back 2, ...
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES
+from ocrd.domain import InputFormat
+from ocrd.render import Document, RenderError, detect_format
+
+
+def natural_key(text: str) -> list[object]:
+    """Sort key that orders numbers by value: `p2` before `p10`, `Scan 9` before `Scan 10`."""
+    return [int(part) if part.isdigit() else part.casefold() for part in re.split(r"(\d+)", text)]
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """The files of a job folder, in natural order of their paths within it. Blocking."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        for name in files:
+            if name.startswith((".", "~$")) or name.lower().endswith(DEFAULT_TEMPORARY_SUFFIXES):
+                continue
+            found.append(Path(root) / name)
+    return sorted(found, key=lambda path: natural_key(path.relative_to(folder).as_posix()))
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The files a document is made of, in order, and how they make its pages."""
+
+    files: tuple[Path, ...]
+    kind: str = "file"  # "file"; "folder": a scan job; "duplex": fronts, then backs
+
+    @classmethod
+    def of(cls, original: Path, companions: tuple[Path, ...] = ()) -> Sources:
+        """A claimed original: a file, or a job folder; with a backs file, a duplex pair.
+        Blocking (a folder is listed)."""
+        if original.is_dir():
+            return cls(tuple(folder_files(original)), "folder")
+        if companions:
+            return cls((original, *companions), "duplex")
+        return cls((original,))
+
+
+@dataclass(frozen=True)
+class PageRef:
+    """Where one page of a document comes from: a page of one of its files."""
+
+    document: Document
+    number: int  # 1-based, within that file
+
+
+def page_order(counts: list[int], duplex: bool) -> list[tuple[int, int]]:
+    """(file index, page within it) for every page of the document, in reading order."""
+    if not duplex:
+        return [(index, page) for index, count in enumerate(counts) for page in range(1, count + 1)]
+    fronts, backs = counts[0], counts[1] if len(counts) > 1 else 0
+    order: list[tuple[int, int]] = []
+    for sheet in range(max(fronts, backs)):
+        if sheet < fronts:
+            order.append((0, sheet + 1))
+        if sheet < backs:
+            order.append((1, backs - sheet))  # the backs were scanned last page first
+    return order
+
+
+def page_files(sources: Sources) -> tuple[list[tuple[Path, InputFormat]], list[str]]:
+    """Each file that holds pages, with its format, and the names of a job folder's files
+    that hold none (for a single file or a duplex pair that is an error). Blocking."""
+    readable, skipped = [], []
+    for path in sources.files:
+        try:
+            readable.append((path, detect_format(path)))
+        except RenderError:
+            if sources.kind != "folder":
+                raise
+            skipped.append(path.name)
+    return readable, skipped
