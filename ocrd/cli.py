@@ -20,7 +20,7 @@ from ocrd.config import (
 from ocrd.domain import DocumentSettings
 from ocrd.log import configure_logging
 
-ENGINES = click.Choice(["auto", "vllm", "rapidocr", "simulated"])
+ENGINES = click.Choice(["auto", "vllm", "openai", "rapidocr", "simulated"])
 config_option = click.option(
     "--config",
     "config_path",
@@ -42,6 +42,16 @@ log_options = [
         show_default=True,
     ),
 ]
+
+
+def required_config(help_text: str):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--config",
+        "config_path",
+        required=True,
+        type=click.Path(path_type=Path, dir_okay=False),
+        help=help_text,
+    )
 
 
 def with_log_options(function):  # type: ignore[no-untyped-def]
@@ -76,13 +86,7 @@ def main() -> None:
 
 
 @main.command()
-@click.option(
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="YAML configuration file.",
-)
+@required_config("YAML configuration file.")
 @click.option("--engine", type=ENGINES, default=None, help="Override engine.kind from the config.")
 @with_log_options
 def run(config_path: Path, engine: str | None, log_format: str, log_level: str) -> None:
@@ -171,13 +175,7 @@ def rerender(
 
 
 @main.command()
-@click.option(
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="The daemon's YAML configuration (for its http.listen address).",
-)
+@required_config("The daemon's YAML configuration (for its http.listen address).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def status(config_path: Path, as_json: bool) -> None:
     """Show what a running daemon is doing; exit 1 if it is not ready, 2 if it is not

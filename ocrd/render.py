@@ -121,23 +121,27 @@ MAX_IMAGE_COVER = 0.5  # more of the page under images: a scan, or a page made o
 
 def looks_blank(pixels: memoryview | bytes, width: int, height: int) -> bool:
     """Whether an RGB page is blank at this resolution: no tile of it holds ink that stands
-    out from the paper, beyond a speck. Bleed-through, paper tone and scanner edges do not
-    count; a few words or a page number do."""
-    import numpy as np
-
-    rgb = np.frombuffer(pixels, dtype=np.uint8, count=width * height * 3)
-    darkest = rgb.reshape(height, width, 3).min(axis=2)  # coloured ink counts too
-    dy, dx = int(height * BLANK_MARGIN), int(width * BLANK_MARGIN)
-    inner = darkest[dy : height - dy, dx : width - dx]
-    if inner.size == 0:
+    out from the paper. Bleed-through, paper tone, specks and scanner edges do not count;
+    a few words or a page number do. Pillow's C code only: a few ms a page."""
+    gray = Image.frombuffer("RGB", (width, height), pixels, "raw", "RGB", 0, 1).convert("L")
+    dx, dy = int(width * BLANK_MARGIN), int(height * BLANK_MARGIN)
+    inner = gray.crop((dx, dy, width - dx, height - dy)).reduce(2)
+    if inner.width < BLANK_TILE or inner.height < BLANK_TILE:
         return True
-    paper = float(np.percentile(inner[::4, ::4], 90))
-    ink = inner < paper - BLANK_CONTRAST
-    rows, columns = inner.shape[0] // BLANK_TILE, inner.shape[1] // BLANK_TILE
-    tiles = ink[: rows * BLANK_TILE, : columns * BLANK_TILE].reshape(
-        rows, BLANK_TILE, columns, BLANK_TILE
-    )
-    return int((tiles.mean(axis=(1, 3)) > BLANK_TILE_INK).sum()) <= BLANK_MAX_TILES
+    paper = _percentile(inner.histogram(), 0.9)
+    ink = inner.point(lambda value: 255 if value < paper - BLANK_CONTRAST else 0)
+    share = ink.reduce(BLANK_TILE // 2).histogram()  # each tile's share of ink, 0..255
+    return sum(share[int(BLANK_TILE_INK * 255) + 1 :]) <= BLANK_MAX_TILES
+
+
+def _percentile(histogram: list[int], share: float) -> int:
+    """The value below which `share` of a histogram's pixels lie."""
+    wanted, seen = share * sum(histogram), 0
+    for value, count in enumerate(histogram):
+        seen += count
+        if seen >= wanted:
+            return value
+    return 255
 
 
 def _judge_text_layer(page: Any) -> tuple[bool, str]:
