@@ -25,6 +25,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus"
+if not CORPUS.is_dir():
+    raise SystemExit(f"the corpus is missing: expected {CORPUS} (shared/ beside the checkout)")
 sys.path.insert(0, str(REPO / "tests"))
 
 from helpers import make_pdf  # noqa: E402
@@ -117,11 +119,11 @@ class DaemonRun:
     def wait_for(self, name: str, count: int = 1, timeout: float = 600) -> list[Event]:
         """The events called `name` once there are `count` of them."""
 
-        def enough() -> list[Event] | None:
+        def enough() -> tuple[list[Event]] | None:
             found = self.find(name)
-            return found if len(found) >= count else None
+            return (found,) if len(found) >= count else None  # a tuple: true even if empty
 
-        return self.wait_until(enough, timeout)
+        return self.wait_until(enough, timeout)[0]
 
     def wait_until(self, condition: Callable[[], T], timeout: float = 600) -> T:
         """`condition()`'s first true value, polled every 20 ms."""
