@@ -82,16 +82,60 @@ def _split(lines: list[TextLine], cuts: list[float], key: Callable[[TextLine], f
     return [part for part in parts if part]
 
 
+def _crossed_gutter(lines: list[TextLine], min_gap: float) -> tuple[float, float] | None:
+    """The vertical gutter that the fewest lines cross (a few at most), with a column of at
+    least three lines on each side.
+
+    Magazine pages run a caption or a pull quote across the gutter between two columns;
+    a strict cut finds no gutter there and would read the page row by row across both.
+    """
+    edges = sorted({x for line in lines for x in (line.x0, line.x1)})
+    strips = [
+        (left, right, sum(1 for line in lines if line.x0 < right and line.x1 > left))
+        for left, right in itertools.pairwise(edges)
+    ]
+    for allowed in sorted({crossing for *_, crossing in strips if crossing <= len(lines) // 10}):
+        runs = [
+            (group[0][0], group[-1][1])
+            for fits, run in itertools.groupby(strips, key=lambda strip: strip[2] <= allowed)
+            if fits and (group := list(run))
+        ]
+        gutters = [
+            (left, right)
+            for left, right in runs
+            if right - left >= min_gap
+            and sum(1 for line in lines if line.x1 <= left) >= 3
+            and sum(1 for line in lines if line.x0 >= right) >= 3
+        ]
+        if gutters:
+            return max(gutters, key=lambda gutter: gutter[1] - gutter[0])
+    return None
+
+
+def _columns_across(lines: list[TextLine], gutter: tuple[float, float]) -> list[list[TextLine]]:
+    """Left column, right column, and the lines across the gutter: before the columns when
+    they are above both (a title), after them otherwise (a caption)."""
+    left = [line for line in lines if line.x1 <= gutter[0]]
+    right = [line for line in lines if line.x0 >= gutter[1]]
+    across = [line for line in lines if line.x1 > gutter[0] and line.x0 < gutter[1]]
+    top = min(line.y0 for line in left + right)
+    above = [line for line in across if line.y1 <= top]
+    below = [line for line in across if line.y1 > top]
+    return [part for part in (above, left, right, below) if part]
+
+
 def _regions(lines: list[TextLine], body_height: float) -> list[list[TextLine]]:
-    """Recursive XY-cut: columns at wide vertical gutters, bands at large horizontal gaps."""
+    """Recursive XY-cut: columns at wide vertical gutters, bands at large horizontal gaps,
+    then columns at gutters that a few lines cross."""
     columns = _gaps([(line.x0, line.x1) for line in lines], 0.5 * body_height)
     if columns:
         parts = _split(lines, columns, lambda line: line.x0)
-    else:
-        bands = _gaps([(line.y0, line.y1) for line in lines], 0.6 * body_height)
-        if not bands:
-            return [lines]
+    elif bands := _gaps([(line.y0, line.y1) for line in lines], 0.6 * body_height):
         parts = _split(lines, bands, lambda line: line.y0)
+    elif gutter := _crossed_gutter(lines, 0.5 * body_height):
+        parts = _columns_across(lines, gutter)
+    else:
+        return [lines]
     return [region for part in parts for region in _regions(part, body_height)]
 
 
