@@ -58,6 +58,7 @@ class ClaimState:
     # the daemon or its engine died. A clean stop takes its attempt back.
     attempts: int = 0
     alone: bool = False  # the last attempt ran with no other document in flight
+    journal_at_start: int = 0  # bytes of the page journal when the last attempt started
     companions: list[str] = field(default_factory=list)  # other originals (a duplex's backs)
     settlement: Settlement | None = None
 
@@ -66,6 +67,7 @@ class ClaimState:
 class Claim:
     folder: Path
     state: ClaimState
+    progressed: bool = False  # found at recovery: its last attempt recognised pages
 
     @property
     def id(self) -> str:
@@ -101,8 +103,15 @@ class Claim:
     def start_attempt(self, alone: bool = False) -> int:
         self.state.attempts += 1
         self.state.alone = alone
+        self.state.journal_at_start = self._journal_size()
         self.save()
         return self.state.attempts
+
+    def _journal_size(self) -> int:
+        try:
+            return self.journal.stat().st_size
+        except FileNotFoundError:
+            return 0
 
     def end_attempt_cleanly(self) -> None:
         """A clean stop (shutdown, outage) is no evidence against the document."""
@@ -113,6 +122,14 @@ class Claim:
     def struck(self) -> bool:
         """The daemon or its engine died while this document was in flight."""
         return self.state.attempts > 0
+
+    @property
+    def poisoned(self) -> bool:
+        """The daemon or its engine died while this document was alone in flight, and it had
+        not got one page further: whatever kills the daemon is in this document, at one
+        place. A document that keeps recognising pages between deaths is not blamed (its
+        pages are journaled, so each retry moves it on)."""
+        return self.struck and self.state.alone and not self.progressed
 
     def plan(self, settlement: Settlement) -> None:
         self.state.settlement = settlement
@@ -184,6 +201,7 @@ class WorkArea:
         state = self._saved_state(folder)
         if state is not None:
             claim = Claim(folder, state)
+            claim.progressed = claim._journal_size() > state.journal_at_start
             return claim if claim.path.exists() else None  # never filled, or settled
         originals = [
             path

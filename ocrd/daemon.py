@@ -132,8 +132,9 @@ class Job:
 
     @property
     def needs_isolation(self) -> bool:
-        """Struck by a crash, and not yet tried alone: it runs with nothing else in flight."""
-        return self.claim is not None and self.claim.struck and not self.claim.state.alone
+        """Struck by a crash, and not yet shown to be poison: it runs with nothing else in
+        flight."""
+        return self.claim is not None and self.claim.struck and not self.claim.poisoned
 
     @property
     def relative_path(self) -> str:

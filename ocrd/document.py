@@ -11,7 +11,8 @@ Crash accounting: an attempt is counted in the claim when it starts and taken ba
 ends cleanly (done, failed, shutdown). An attempt still counted at the next start means the
 daemon or its engine died while the document was in flight: a strike, but not proof, since
 other documents were in flight too. A struck document is run again alone; only if the
-daemon dies while it runs alone is it set aside as poison.
+daemon dies while it runs alone, before it recognised one more page, is it set aside as
+poison (a document that moves on between deaths is retried alone again).
 
 Storage: every settlement step runs in a thread. Errors that clear by themselves (disk
 full, read-only, stale share, folder missing) are retried with backoff while the original
@@ -108,10 +109,10 @@ def still_growing(inbox: InboxConfig) -> DocumentFailed:
 def poisoned(attempts: int) -> DocumentFailed:
     return DocumentFailed(
         Stage.crash,
-        f"crashed the daemon twice: the daemon or its engine died while this file was being "
-        f"processed ({attempts} attempts), the last time while it was the only file in "
-        "flight, so it was set aside to keep other files moving; check the log around its "
-        "earlier attempts, then drop it into the inbox again",
+        f"crashed the daemon: the daemon or its engine died {attempts} times while this file "
+        "was being processed, the last time while it was the only file in flight and before "
+        "it got one page further, so it was set aside to keep other files moving; check the "
+        "log around its earlier attempts, then drop it into the inbox again",
         error_type="PoisonDocument",
     )
 
@@ -153,7 +154,7 @@ class Documents:
             log.info("document.settled", outcome=resumed.outcome, resumed=True)
             return
         started = time.monotonic()
-        if failure is None and claim.struck and claim.state.alone:
+        if failure is None and claim.poisoned:
             failure = poisoned(claim.state.attempts)
         if failure is not None:
             await self._fail(inbox, claim, failure, started, log)

@@ -81,9 +81,48 @@ def test_a_document_that_crashed_the_daemon_twice_is_set_aside(
     assert third.stop() == 0
     assert summary["outcome"] == "failed" and summary["stage"] == "crash"
     report = json.loads((data / "failed" / "poison.error.json").read_text())
-    assert report["message"].startswith("crashed the daemon twice")
+    assert report["message"].startswith("crashed the daemon: the daemon or its engine died 2 times")
     assert report["attempts"] == 2 and report["error_type"] == "PoisonDocument"
     assert (data / "done" / "healthy.pdf").exists()
+
+
+def kill(daemon) -> None:
+    daemon.process.send_signal(signal.SIGKILL)
+    daemon.process.wait(timeout=30)
+
+
+def test_a_document_that_gets_further_between_deaths_is_not_blamed(
+    tmp_path: Path, start_daemon
+) -> None:
+    """Deaths while a document runs alone count against it only when it is stuck: one that
+    recognised pages since its last start is retried alone again; one that did not is set
+    aside."""
+    engine = {"kind": "simulated", "simulated": {"seconds_per_page": 1.0, "capacity": 1}}
+    config = write_config(tmp_path, engine=engine)
+    data = tmp_path / "data"
+    make_pdf(data / "inbox" / "moving.pdf", 8)
+    first = start_daemon(config)
+    first.wait_for("document.started", timeout=60)
+    kill(first)  # a strike
+    second = start_daemon(config)
+    [started] = second.wait_for("document.started", timeout=60)
+    assert started["alone"]
+    second.wait_for("page.recognised", timeout=60, count=2)
+    kill(second)  # alone, but two pages further: not blamed
+
+    third = start_daemon(config)
+    [started] = third.wait_for("document.started", timeout=60)
+    assert started["alone"] and started["attempt"] == 3
+    kill(third)  # alone, and no page further this time: it is stuck
+
+    fourth = start_daemon(config)
+    [summary] = fourth.wait_for("document.finished", timeout=60, path="moving.pdf")
+    assert fourth.stop() == 0
+    assert not fourth.find("document.started")
+    assert summary["outcome"] == "failed" and summary["stage"] == "crash"
+    report = json.loads((data / "failed" / "moving.error.json").read_text())
+    assert report["attempts"] == 3 and report["error_type"] == "PoisonDocument"
+    assert "before it got one page further" in report["message"]
 
 
 def test_documents_in_flight_when_the_daemon_died_are_retried_alone_and_all_convert(
