@@ -90,10 +90,14 @@ def _crossed_gutter(lines: list[TextLine], min_gap: float) -> tuple[float, float
     a strict cut finds no gutter there and would read the page row by row across both.
     """
     edges = sorted({x for line in lines for x in (line.x0, line.x1)})
-    strips = [
-        (left, right, sum(1 for line in lines if line.x0 < right and line.x1 > left))
-        for left, right in itertools.pairwise(edges)
-    ]
+    index = {x: position for position, x in enumerate(edges)}
+    starts_ends = [0] * len(edges)
+    for line in lines:
+        starts_ends[index[line.x0]] += 1
+        starts_ends[index[line.x1]] -= 1
+    covering = itertools.accumulate(starts_ends)  # lines over the strip right of each edge
+    # the last edge has no strip to its right
+    strips = [(*pair, n) for pair, n in zip(itertools.pairwise(edges), covering, strict=False)]
     for allowed in sorted({crossing for *_, crossing in strips if crossing <= len(lines) // 10}):
         runs = [
             (group[0][0], group[-1][1])
