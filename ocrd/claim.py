@@ -103,11 +103,11 @@ class Claim:
     def start_attempt(self, alone: bool = False) -> int:
         self.state.attempts += 1
         self.state.alone = alone
-        self.state.journal_at_start = self._journal_size()
+        self.state.journal_at_start = self.journal_size()
         self.save()
         return self.state.attempts
 
-    def _journal_size(self) -> int:
+    def journal_size(self) -> int:
         try:
             return self.journal.stat().st_size
         except FileNotFoundError:
@@ -201,7 +201,7 @@ class WorkArea:
         state = self._saved_state(folder)
         if state is not None:
             claim = Claim(folder, state)
-            claim.progressed = claim._journal_size() > state.journal_at_start
+            claim.progressed = claim.journal_size() > state.journal_at_start
             return claim if claim.path.exists() else None  # never filled, or settled
         originals = [
             path
