@@ -67,7 +67,6 @@ class ClaimState:
 class Claim:
     folder: Path
     state: ClaimState
-    progressed: bool = False  # found at recovery: its last attempt recognised pages
 
     @property
     def id(self) -> str:
@@ -122,14 +121,6 @@ class Claim:
     def struck(self) -> bool:
         """The daemon or its engine died while this document was in flight."""
         return self.state.attempts > 0
-
-    @property
-    def poisoned(self) -> bool:
-        """The daemon or its engine died while this document was alone in flight, and it had
-        not got one page further: whatever kills the daemon is in this document, at one
-        place. A document that keeps recognising pages between deaths is not blamed (its
-        pages are journaled, so each retry moves it on)."""
-        return self.struck and self.state.alone and not self.progressed
 
     def plan(self, settlement: Settlement) -> None:
         self.state.settlement = settlement
@@ -201,7 +192,6 @@ class WorkArea:
         state = self._saved_state(folder)
         if state is not None:
             claim = Claim(folder, state)
-            claim.progressed = claim.journal_size() > state.journal_at_start
             return claim if claim.path.exists() else None  # never filled, or settled
         originals = [
             path

@@ -132,9 +132,8 @@ class Job:
 
     @property
     def needs_isolation(self) -> bool:
-        """Struck by a crash, and not yet shown to be poison: it runs with nothing else in
-        flight."""
-        return self.claim is not None and self.claim.struck and not self.claim.poisoned
+        """Struck by a crash: it runs with nothing else in flight."""
+        return self.claim is not None and self.claim.struck
 
     @property
     def relative_path(self) -> str:

@@ -11,8 +11,8 @@ Crash accounting: an attempt is counted in the claim when it starts and taken ba
 ends cleanly (done, failed, shutdown). An attempt still counted at the next start means the
 daemon or its engine died while the document was in flight: a strike, but not proof, since
 other documents were in flight too. A struck document is run again alone; only if the
-daemon dies while it runs alone, before it recognised one more page, is it set aside as
-poison (a document that moves on between deaths is retried alone again).
+daemon dies while it runs alone, with a page of it in the engine and before one more page
+was recognised, is it set aside as poison (`_stuck`).
 
 Storage: every settlement step runs in a thread. Errors that clear by themselves (disk
 full, read-only, stale share, folder missing) are retried with backoff while the original
@@ -154,7 +154,7 @@ class Documents:
             log.info("document.settled", outcome=resumed.outcome, resumed=True)
             return
         started = time.monotonic()
-        if failure is None and claim.poisoned:
+        if failure is None and await self._stuck(claim):
             failure = poisoned(claim.state.attempts)
         if failure is not None:
             await self._fail(inbox, claim, failure, started, log)
@@ -183,6 +183,19 @@ class Documents:
             raise
         finally:
             self.in_flight.pop(claim.id, None)
+
+    @staticmethod
+    async def _stuck(claim: Claim) -> bool:
+        """The daemon or its engine died while this document was alone in flight, after a
+        page of it went to the engine and before one more page was recognised: whatever
+        kills the daemon is in this document, at one place. A document that was still being
+        opened (rendering runs in other processes) or that got further is not blamed; its
+        pages are journaled, so each retry moves it on."""
+        if not (claim.struck and claim.state.alone):
+            return False
+        journal = PageJournal(claim.journal)
+        tail = await asyncio.to_thread(journal.since, claim.state.journal_at_start)
+        return tail.engine_reached and tail.pages == 0
 
     async def _convert(
         self,

@@ -67,6 +67,7 @@ class _Run:
     journal: PageJournal | None
     ticket: Ticket
     progress: Progress
+    engine_reached: asyncio.Future[None] | None = None  # journaled once a page went there
 
 
 class Pipeline:
@@ -306,10 +307,23 @@ class Pipeline:
             result.retried = True
         return result
 
+    @staticmethod
+    async def _note_engine_reached(run: _Run, number: int) -> None:
+        """Journal, once, before the first page goes to the engine, that this attempt reached
+        it: a crash counts against a document only after that (see document.py)."""
+        if run.journal is None:
+            return
+        if run.engine_reached is None:
+            run.engine_reached = asyncio.ensure_future(
+                asyncio.to_thread(run.journal.note_engine_reached, number)
+            )
+        await asyncio.shield(run.engine_reached)
+
     async def _engine_text(
         self, rendered: list[PageImage], ref: PageRef, number: int, prompt: PromptMode, run: _Run
     ) -> PageText:
         """The engine's text for a page; a failed request is retried with backoff."""
+        await self._note_engine_reached(run, number)
         delay = self.retry_backoff_seconds
         for attempt in range(1, self.page_retries + 2):
             try:  # no local name holds the pixels while the engine has them

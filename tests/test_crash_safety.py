@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_config
+from conftest import DaemonProcess, wait_until, write_config
 from helpers import make_pdf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -61,6 +61,17 @@ def test_a_long_document_killed_half_way_resumes_where_it_stopped(
     assert markdown.count("# Simulated page") == pages
 
 
+def kill(daemon: DaemonProcess) -> None:
+    daemon.process.send_signal(signal.SIGKILL)
+    daemon.process.wait(timeout=30)
+
+
+def engine_notes(data: Path) -> int:
+    """How many attempts sent a page of a claimed document to the engine."""
+    journals = data.glob("work/**/.pages.jsonl")
+    return sum(journal.read_text().count('"engine_reached"') for journal in journals)
+
+
 def test_a_document_that_crashed_the_daemon_twice_is_set_aside(
     tmp_path: Path, start_daemon
 ) -> None:
@@ -68,11 +79,10 @@ def test_a_document_that_crashed_the_daemon_twice_is_set_aside(
     config = write_config(tmp_path, engine=engine)
     data = tmp_path / "data"
     make_pdf(data / "inbox" / "poison.pdf", 2)
-    for _ in range(2):  # the daemon dies while the document is in flight, twice
+    for attempt in (1, 2):  # the daemon dies while a page is in the engine, twice
         daemon = start_daemon(config)
-        daemon.wait_for("document.opened", timeout=60)
-        daemon.process.send_signal(signal.SIGKILL)
-        daemon.process.wait(timeout=30)
+        wait_until(lambda n=attempt: engine_notes(data) == n, 60, "a page in the engine")
+        kill(daemon)
 
     third = start_daemon(config)
     make_pdf(data / "inbox" / "healthy.pdf", 1)
@@ -86,17 +96,12 @@ def test_a_document_that_crashed_the_daemon_twice_is_set_aside(
     assert (data / "done" / "healthy.pdf").exists()
 
 
-def kill(daemon) -> None:
-    daemon.process.send_signal(signal.SIGKILL)
-    daemon.process.wait(timeout=30)
-
-
 def test_a_document_that_gets_further_between_deaths_is_not_blamed(
     tmp_path: Path, start_daemon
 ) -> None:
     """Deaths while a document runs alone count against it only when it is stuck: one that
-    recognised pages since its last start is retried alone again; one that did not is set
-    aside."""
+    recognised pages since its last start is retried alone again; one with a page in the
+    engine and none recognised since is set aside."""
     engine = {"kind": "simulated", "simulated": {"seconds_per_page": 1.0, "capacity": 1}}
     config = write_config(tmp_path, engine=engine)
     data = tmp_path / "data"
@@ -109,11 +114,13 @@ def test_a_document_that_gets_further_between_deaths_is_not_blamed(
     assert started["alone"]
     second.wait_for("page.recognised", timeout=60, count=2)
     kill(second)  # alone, but two pages further: not blamed
+    notes = engine_notes(data)
 
     third = start_daemon(config)
     [started] = third.wait_for("document.started", timeout=60)
     assert started["alone"] and started["attempt"] == 3
-    kill(third)  # alone, and no page further this time: it is stuck
+    wait_until(lambda: engine_notes(data) > notes, 60, "the third attempt's page in the engine")
+    kill(third)  # alone, a page in the engine, and no page further: it is stuck
 
     fourth = start_daemon(config)
     [summary] = fourth.wait_for("document.finished", timeout=60, path="moving.pdf")
