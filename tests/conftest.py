@@ -77,6 +77,11 @@ def files_under(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
+def claimed_originals(work: Path) -> list[str]:
+    """Names of the originals held in a work area (ocrd's own files there are hidden)."""
+    return [Path(p).name for p in files_under(work) if not Path(p).name.startswith(".")]
+
+
 def markdown_under(folder: Path) -> list[str]:
     """The Markdown files under `folder` (figures and other companions left out)."""
     return [name for name in files_under(folder) if name.endswith(".md")]

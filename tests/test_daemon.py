@@ -10,7 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import NotifySocket, files_under, markdown_under, wait_until, write_config
+from conftest import (
+    NotifySocket,
+    claimed_originals,
+    files_under,
+    markdown_under,
+    wait_until,
+    write_config,
+)
 from helpers import make_pdf
 
 pytestmark = pytest.mark.slow
@@ -119,8 +126,7 @@ def test_sigterm_leaves_unfinished_documents_claimed_and_a_restart_finishes_them
     daemon.wait_for("document.opened")
     assert daemon.stop(signal.SIGTERM, timeout=30) == 0
     assert daemon.find("document.interrupted")
-    claimed = files_under(data / "work")
-    assert [Path(p).name for p in claimed if not p.endswith(".claim.json")] == ["long.pdf"]
+    assert claimed_originals(data / "work") == ["long.pdf"]
     assert files_under(data / "outbox") == [] and files_under(data / "inbox") == []
 
     config = write_config(tmp_path)

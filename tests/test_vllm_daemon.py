@@ -10,7 +10,7 @@ import httpx
 import psutil
 import pytest
 import yaml
-from conftest import files_under, markdown_under, wait_until
+from conftest import claimed_originals, files_under, markdown_under, wait_until
 from helpers import make_pdf
 from tiny_model import vllm_engine_section
 
@@ -120,7 +120,7 @@ def test_sigterm_and_engine_death_lose_nothing(
     assert not first.find("document.finished")
     assert first.stop(signal.SIGTERM, timeout=120) == 0
     assert first.find("document.interrupted", path="long.pdf")
-    assert [Path(p).name for p in files_under(data / "work")] == [".claim.json", "long.pdf"]
+    assert claimed_originals(data / "work") == ["long.pdf"]
 
     # 2. The engine's core process dies: the daemon exits non-zero, still nothing lost.
     second = start_daemon(config)
@@ -129,7 +129,7 @@ def test_sigterm_and_engine_death_lose_nothing(
     engine_core(second.process.pid).kill()
     assert second.process.wait(timeout=120) == 70
     assert second.find("engine.dead")
-    assert [Path(p).name for p in files_under(data / "work")] == [".claim.json", "long.pdf"]
+    assert claimed_originals(data / "work") == ["long.pdf"]
     assert files_under(data / "outbox") == files_under(data / "done") == []
     assert files_under(data / "failed") == []
 
