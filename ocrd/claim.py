@@ -102,11 +102,11 @@ class Claim:
     def start_attempt(self, alone: bool = False) -> int:
         self.state.attempts += 1
         self.state.alone = alone
-        self.state.journal_at_start = self.journal_size()
+        self.state.journal_at_start = self._journal_size()
         self.save()
         return self.state.attempts
 
-    def journal_size(self) -> int:
+    def _journal_size(self) -> int:
         try:
             return self.journal.stat().st_size
         except FileNotFoundError:

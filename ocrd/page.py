@@ -193,6 +193,8 @@ class PageJournal:
         for line in lines:
             try:  # the last line may be torn by a kill
                 record = json.loads(line)
+                if "page" not in record:
+                    continue  # a note for crash accounting, not a page
                 raw = text_from_record(record)
                 figures = {}
                 for index, value in record.get("figures", {}).items():
