@@ -1,7 +1,12 @@
 """Claiming: a ready file is renamed into the work area before anything reads it.
 
 The rename is atomic on one filesystem, so a second event for the same file finds nothing
-to claim, and a file is either in the inbox or claimed, never both. Each claim is a folder
+to claim, and a file is either in the inbox or claimed, never both. What is renamed is
+the file that was watched settling: it is checked (a regular file or a job folder, the
+same inode, no symbolic link on its way) right before the rename and again right after,
+and an entry swapped in between is put back untouched. A file ocrd's user cannot move
+out (a folder it may not write, a sticky folder, a file it may not read) is not touched
+at all: `NotClaimable` says why and how to fix it. Each claim is a folder
 `<work>/<id>/` holding the original at its path relative to the inbox (a file, or a scan
 job's whole folder; with duplex collating also the backs file, a companion), and
 `.claim.json` with what ocrd knows about it: which originals it holds, how often processing
@@ -15,14 +20,17 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import shutil
-from dataclasses import asdict, dataclass, field
+import stat
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from typing import Any
 
-from ocrd.files import fsync_dir, replace_file
+from ocrd.dropped import Identity, kind_of, link_on_the_way, printable
+from ocrd.files import fsync_dir, rename_new, replace_file
 
 STATE_FILE = ".claim.json"
 
@@ -54,11 +62,10 @@ class ClaimState:
     inbox: str
     relative_path: str
     claimed_at: str
-    # Attempts that started and did not end cleanly: the running one, and any during which
-    # the daemon or its engine died. A clean stop takes its attempt back.
-    attempts: int = 0
-    alone: bool = False  # the last attempt ran with no other document in flight
-    journal_at_start: int = 0  # bytes of the page journal when the last attempt started
+    attempts: int = 0  # how often processing started (for the failure report)
+    # The page of this document that was in the engine each time the engine died with it
+    # there: the evidence of crash accounting (a kill from outside is no evidence).
+    engine_deaths: list[int] = field(default_factory=list)
     companions: list[str] = field(default_factory=list)  # other originals (a duplex's backs)
     settlement: Settlement | None = None
 
@@ -99,28 +106,20 @@ class Claim:
     def save(self) -> None:
         replace_file(self.folder / STATE_FILE, json.dumps(asdict(self.state), indent=2).encode())
 
-    def start_attempt(self, alone: bool = False) -> int:
+    def start_attempt(self) -> int:
         self.state.attempts += 1
-        self.state.alone = alone
-        self.state.journal_at_start = self._journal_size()
         self.save()
         return self.state.attempts
 
-    def _journal_size(self) -> int:
-        try:
-            return self.journal.stat().st_size
-        except FileNotFoundError:
-            return 0
-
-    def end_attempt_cleanly(self) -> None:
-        """A clean stop (shutdown, outage) is no evidence against the document."""
-        self.state.attempts = max(0, self.state.attempts - 1)
+    def record_engine_death(self, page: int) -> None:
+        """The engine died while page `page` of this document was in it."""
+        self.state.engine_deaths.append(page)
         self.save()
 
     @property
     def struck(self) -> bool:
-        """The daemon or its engine died while this document was in flight."""
-        return self.state.attempts > 0
+        """The engine died with a page of this document in it: it runs alone from now on."""
+        return bool(self.state.engine_deaths)
 
     def plan(self, settlement: Settlement) -> None:
         self.state.settlement = settlement
@@ -132,6 +131,80 @@ class Claim:
         fsync_dir(self.folder.parent)
 
 
+class NotClaimable(Exception):
+    """A ready file that ocrd's user cannot move out of the inbox. It stays where it is,
+    listed (status page, `ocrd status`, metrics) with the reason and the fix, and is tried
+    again at every rescan."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fix = fix
+
+
+class Changed(Exception):
+    """What lies at the path is no longer what was watched settling (swapped, replaced by
+    a link): it is left alone."""
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+SHARED_INBOX_FIX = "or set the inbox up as the README's 'A shared inbox' says"
+
+
+def check_claimable(inbox: Path, path: Path, entry: os.stat_result) -> None:
+    """Raise NotClaimable where ocrd's user could not move `path` out of its folder (and
+    read it): nothing is touched to find out. Changed if `path` is no longer `entry`
+    (a refusal then says nothing about the file that was checked). Blocking."""
+    folder = path.parent
+    where = printable(str(folder.relative_to(inbox))) if folder != inbox else "the inbox"
+    user = _user()
+    refusal: NotClaimable | None = None
+    parent = os.stat(folder)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        refusal = NotClaimable(
+            f"ocrd's user ({user}) may not write {where}, so it cannot move the file out",
+            f"let ocrd's group write it (chgrp ocrd; chmod g+w) {SHARED_INBOX_FIX}",
+        )
+    elif parent.st_mode & stat.S_ISVTX and os.geteuid() not in (0, entry.st_uid, parent.st_uid):
+        refusal = NotClaimable(
+            f"{where} has the sticky bit (like /tmp) and neither it nor the file belongs to "
+            f"ocrd's user ({user}): only the file's owner may move it",
+            f"remove the sticky bit (chmod o-t) {SHARED_INBOX_FIX}",
+        )
+    elif stat.S_ISDIR(entry.st_mode):
+        if not os.access(path, os.R_OK | os.W_OK | os.X_OK, follow_symlinks=False):
+            refusal = NotClaimable(
+                f"ocrd's user ({user}) may not write this scan job folder, and a folder can "
+                "only be moved by a user who may write it",
+                f"let ocrd's group read and write it (chgrp -R ocrd; chmod -R g+rwX) "
+                f"{SHARED_INBOX_FIX}",
+            )
+    elif not os.access(path, os.R_OK, follow_symlinks=False):
+        refusal = NotClaimable(
+            f"ocrd's user ({user}) may not read the file",
+            f"let ocrd's group read it (chgrp ocrd; chmod g+r) {SHARED_INBOX_FIX}",
+        )
+    if refusal is not None:
+        _still(path, entry)
+        raise refusal
+
+
+def _still(path: Path, entry: os.stat_result) -> None:
+    """Raise Changed unless `path` is still the file `entry` describes."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        raise Changed("it went away while it was being checked") from None
+    if Identity.of(now) != Identity.of(entry):
+        raise Changed("another file took its place while it was being checked")
+
+
 class WorkArea:
     """The claim folders of one inbox."""
 
@@ -139,38 +212,92 @@ class WorkArea:
         self.inbox = inbox
         self.work = work
 
-    def claim(self, path: Path, companions: tuple[Path, ...] = ()) -> Claim | None:
-        """Move `path` (a file or a job folder inside the inbox), and its companions, into
-        a new claim; None if `path` is already gone (a companion gone is left out)."""
+    def claim(
+        self,
+        path: Path,
+        identity: Identity | None = None,
+        companions: tuple[Path, ...] = (),
+    ) -> Claim | None:
+        """Move `path` (a file or a job folder inside the inbox) and its companions into a
+        new claim; None if `path` is already gone (a companion gone is left out).
+
+        `identity` is the file that was watched settling: anything else at `path` raises
+        Changed and is left where it is. NotClaimable where ocrd's user cannot move it out.
+        Other OS errors (EMFILE, EIO) leave nothing behind and are the caller's to retry."""
+        entry = self._checked(path, identity)
+        if entry is None:
+            return None
         relative = path.relative_to(self.inbox)
         claim_id = new_claim_id()
         folder = self.work / claim_id
-        folder.mkdir(parents=True)
-        state = ClaimState(
-            claim_id,
-            str(self.inbox),
-            str(relative),
-            now_iso(),
-            companions=[str(c.relative_to(self.inbox)) for c in companions],
-        )
-        claim = Claim(folder, state)
-        claim.save()  # first: a claim folder without its original is known to be empty
-        if not self._move_in(path, claim.path):
-            shutil.rmtree(folder, ignore_errors=True)
-            return None
-        moved = [c for c in companions if self._move_in(c, folder / c.relative_to(self.inbox))]
+        self.work.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700)  # people who may read the inbox may not look in here
+        try:
+            state = ClaimState(
+                claim_id,
+                str(self.inbox),
+                str(relative),
+                now_iso(),
+                companions=[str(c.relative_to(self.inbox)) for c in companions],
+            )
+            claim = Claim(folder, state)
+            claim.save()  # first: a claim folder without its original is known to be empty
+            if not self._move_in(path, claim.path, Identity.of(entry)):
+                shutil.rmtree(folder, ignore_errors=True)
+                return None
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)  # no empty claim is left behind
+            raise
+        moved = [c for c in companions if self._companion_in(c, folder)]
         if len(moved) != len(companions):
             state.companions = [str(c.relative_to(self.inbox)) for c in moved]
             claim.save()
         return claim
 
+    def _checked(self, path: Path, identity: Identity | None) -> os.stat_result | None:
+        """What lies at `path`, if it is the file (or job folder) that was watched and ocrd
+        may move it; None if nothing lies there."""
+        try:
+            linked = link_on_the_way(self.inbox, path)
+            entry = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if linked is not None:
+            raise Changed(f"{printable(str(linked))} on its way is a symbolic link")
+        if not (stat.S_ISREG(entry.st_mode) or stat.S_ISDIR(entry.st_mode)):
+            raise Changed(f"it is {kind_of(entry.st_mode)} now")
+        if identity is not None and Identity.of(entry) != identity:
+            raise Changed("another file took its place after it was checked")
+        check_claimable(self.inbox, path, entry)
+        return entry
+
+    def _companion_in(self, source: Path, folder: Path) -> bool:
+        try:
+            entry = self._checked(source, None)
+        except (Changed, NotClaimable):
+            return False  # the pair is converted without it; the log says so
+        if entry is None or not stat.S_ISREG(entry.st_mode):
+            return False
+        return self._move_in(source, folder / source.relative_to(self.inbox), Identity.of(entry))
+
     @staticmethod
-    def _move_in(source: Path, target: Path) -> bool:
+    def _move_in(source: Path, target: Path, identity: Identity) -> bool:
+        """Rename `source` into the claim; what arrived must be the file that was checked,
+        or it goes straight back (never opened, never followed)."""
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.rename(source, target)
         except FileNotFoundError:
             return False
+        except PermissionError as error:  # an ACL or a mount option the checks missed
+            raise NotClaimable(
+                f"the system refused to move it ({error.strerror})",
+                f"let ocrd's user write the folder it lies in {SHARED_INBOX_FIX}",
+            ) from None
+        arrived = os.lstat(target)
+        if Identity.of(arrived) != identity or stat.S_ISLNK(arrived.st_mode):
+            rename_new(target, source)  # swapped between the check and the rename
+            raise Changed("another file took its place while it was being claimed")
         fsync_dir(source.parent)
         fsync_dir(target.parent)
         return True
@@ -209,7 +336,8 @@ class WorkArea:
         try:
             saved = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
             settlement = saved.pop("settlement", None)
-            state = ClaimState(**saved)
+            known = {f.name for f in fields(ClaimState)}  # an older ocrd's keys are dropped
+            state = ClaimState(**{k: v for k, v in saved.items() if k in known})
             state.settlement = Settlement(**settlement) if settlement else None
         except (OSError, ValueError, TypeError):
             return None

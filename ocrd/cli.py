@@ -1,24 +1,22 @@
-"""The `ocrd` command: run, convert, check-config."""
+"""The `ocrd` command: run, convert, check-config.
+
+Only click is imported at the top: `ocrd run` must take over SIGHUP (whose default action
+ends the process) within moments of starting, before the slow imports.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ocrd import __version__
-from ocrd.config import (
-    Config,
-    ConfigError,
-    EngineConfig,
-    InboxConfig,
-    PipelineConfig,
-    load_config,
-)
-from ocrd.domain import DocumentSettings
-from ocrd.log import configure_logging
+
+if TYPE_CHECKING:
+    from ocrd.config import Config, EngineConfig, InboxConfig, PipelineConfig
 
 ENGINES = click.Choice(["auto", "vllm", "openai", "rapidocr", "simulated"])
 config_option = click.option(
@@ -60,7 +58,15 @@ def with_log_options(function):  # type: ignore[no-untyped-def]
     return function
 
 
+def configure_logging(log_format: str, log_level: str) -> None:
+    from ocrd.log import configure_logging as configure
+
+    configure(log_format, log_level)  # type: ignore[arg-type]
+
+
 def _load(path: Path) -> Config:
+    from ocrd.config import ConfigError, load_config
+
     try:
         return load_config(path)
     except ConfigError as error:
@@ -73,6 +79,8 @@ def _one_off_options(
 ) -> tuple[EngineConfig, PipelineConfig, InboxConfig]:
     """Engine, pipeline and document options for convert and rerender: the config's, with
     its first inbox's document options, or the defaults without a config."""
+    from ocrd.config import EngineConfig, InboxConfig, PipelineConfig
+
     if config_path is None:
         return EngineConfig(), PipelineConfig(), InboxConfig(path=Path("."))
     config = _load(config_path)
@@ -91,11 +99,14 @@ def main() -> None:
 @with_log_options
 def run(config_path: Path, engine: str | None, log_format: str, log_level: str) -> None:
     """Serve the inboxes of CONFIG until SIGTERM or SIGINT."""
+    from ocrd.signals import EarlySignals
+
+    early = EarlySignals().install()  # before the slow imports: a SIGHUP must not kill us
     from ocrd.daemon import Daemon
 
-    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    configure_logging(log_format, log_level)
     config = _load(config_path)
-    sys.exit(asyncio.run(Daemon(config, engine, config_path).run()))
+    sys.exit(asyncio.run(Daemon(config, engine, config_path, early).run()))
 
 
 @main.command()
@@ -120,7 +131,7 @@ def convert(
     """Convert FILES once, leaving them untouched; exit 1 if any failed."""
     from ocrd.convert import convert_files
 
-    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    configure_logging(log_format, log_level)
     engine_config, pipeline_config, inbox = _one_off_options(config_path)
     if engine:
         engine_config = engine_config.model_copy(update={"kind": engine})
@@ -155,12 +166,12 @@ def rerender(
     The pages are rendered with the settings of the config's first inbox (or the defaults),
     as the daemon rendered them, so figures are cropped from the same pixels.
     """
-    from ocrd.domain import DocumentFailed
+    from ocrd.domain import DocumentFailed, DocumentSettings
     from ocrd.render import RenderLimits
     from ocrd.rerender import RawFileError
     from ocrd.rerender import rerender as rerender_document
 
-    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    configure_logging(log_format, log_level)
     _, pipeline, inbox = _one_off_options(config_path)
     try:
         files = asyncio.run(

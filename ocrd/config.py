@@ -159,6 +159,9 @@ class SimulatedConfig(Strict):
     capacity: Annotated[int, Field(ge=1)] = 16
     tokens_per_page: Annotated[int, Field(ge=1)] = 400
     unfinished_every: Annotated[int, Field(ge=0)] = 0
+    # A page whose centre pixel has this RGB colour kills the engine while it is in it, as
+    # a page that crashes a real engine would (tests of crash accounting).
+    fatal_colour: tuple[int, int, int] | None = None
 
 
 class EngineConfig(Strict):
@@ -219,6 +222,11 @@ class HttpConfig(Strict):
         "127.0.0.1:9464"
     )
     token_env: str = "OCRD_HTTP_TOKEN"  # bearer token for clients other than loopback
+    # false behind a reverse proxy on the same host (every client looks like loopback there):
+    # then loopback clients need the token too.
+    trust_loopback: bool = True
+    max_connections: Annotated[int, Field(ge=1, le=10000)] = 64  # more are answered 503
+    header_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0  # slower clients are dropped
 
     @property
     def host(self) -> str:

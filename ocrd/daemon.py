@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -28,11 +29,12 @@ from pathlib import Path
 
 from ocrd import __version__
 from ocrd.activity import Activity
-from ocrd.claim import Claim, WorkArea
+from ocrd.claim import Changed, Claim, NotClaimable, WorkArea
 from ocrd.collate import Collator
 from ocrd.config import Config, ConfigError, InboxConfig, load_config
-from ocrd.document import Documents, Inbox, still_growing
+from ocrd.document import Blocked, Documents, Inbox, still_growing
 from ocrd.domain import DocumentFailed, DocumentSettings
+from ocrd.dropped import Identity, printable
 from ocrd.engines import Engine, EngineDeadError, EngineState, choose_engine, create_engine
 from ocrd.files import remove_stale_temporaries
 from ocrd.hooks import Hooks
@@ -42,8 +44,10 @@ from ocrd.notify import SystemdNotifier
 from ocrd.pipeline import Pipeline
 from ocrd.reload import plan_reload
 from ocrd.settle import Settler
+from ocrd.signals import EarlySignals
 from ocrd.status import (
     WAITING_LISTED,
+    BlockedFile,
     DocumentProgress,
     FinishedDocument,
     InboxStatus,
@@ -59,6 +63,8 @@ EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
 EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStatus=78)
 
 TICK_SECONDS = 0.1
+# Running out of descriptors or memory is the daemon's state, not the file's: try again.
+RETRY_CLAIM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})
 HEALTH_CHECK_SECONDS = 2.0
 STUCK_AFTER_SECONDS = 10.0  # /healthz fails when the main loop has not ticked this long
 START_TIMEOUT_EXTENSION_SECONDS = 60.0  # asked of systemd again and again while loading
@@ -105,6 +111,32 @@ def check_folders(config: Config, create: bool = True) -> list[str]:
     return problems
 
 
+def check_http(config: Config) -> list[str]:
+    """Problems with the HTTP settings that only show in the environment."""
+    http = config.http
+    if http.enabled and not http.trust_loopback and not os.environ.get(http.token_env):
+        return [
+            f"http.trust_loopback is false but {http.token_env} is not set: every client "
+            "would be refused; set the token in the environment (an EnvironmentFile=)"
+        ]
+    return []
+
+
+def folder_warnings(config: Config) -> list[str]:
+    """What will keep some dropped files from being taken, though ocrd can start."""
+    warnings = []
+    uid = os.geteuid()
+    for inbox in config.inboxes:
+        with contextlib.suppress(OSError):
+            info = inbox.path.stat()
+            if info.st_mode & 0o1000 and uid not in (0, info.st_uid):
+                warnings.append(
+                    f"inbox {inbox.path} has the sticky bit and is not ocrd's: files other "
+                    "users drop there cannot be moved out (remove it: chmod o-t)"
+                )
+    return warnings
+
+
 class LoopLag:
     """How late the main loop's sleeps wake up: the event loop's responsiveness."""
 
@@ -125,6 +157,7 @@ class LoopLag:
 class Job:
     inbox: Inbox
     path: Path | None = None  # a ready file in the inbox, still to be claimed
+    identity: Identity | None = None  # the file that settled there
     companions: tuple[Path, ...] = ()  # claimed with it: a duplex's backs file
     claim: Claim | None = None  # or a claim recovered from the work area
     failure: DocumentFailed | None = None  # known to fail before it is read
@@ -145,11 +178,16 @@ class Job:
 
 class Daemon:
     def __init__(
-        self, config: Config, engine_kind: str | None = None, config_path: Path | None = None
+        self,
+        config: Config,
+        engine_kind: str | None = None,
+        config_path: Path | None = None,
+        early_signals: EarlySignals | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path  # re-read on SIGHUP
         self.engine_kind = engine_kind
+        self.early_signals = early_signals or EarlySignals()
         self.log = get_logger()
         self.notifier = SystemdNotifier()
         self.activity = Activity()
@@ -177,13 +215,13 @@ class Daemon:
     # --- lifecycle ---------------------------------------------------------------------
 
     async def run(self) -> int:
+        self.install_signal_handlers()
         try:
             self.check()
         except StartupError as error:
             for line in str(error).splitlines():
                 self.log.error("startup.refused", reason=line)
             return EXIT_CONFIG
-        self.install_signal_handlers()
         try:
             await self.start_http()
             await self.start_engine()
@@ -200,15 +238,24 @@ class Daemon:
         return self.exit_code
 
     def check(self) -> None:
-        problems = check_folders(self.config)
+        problems = check_folders(self.config) + check_http(self.config)
         if problems:
             raise StartupError("\n".join(problems))
+        for warning in folder_warnings(self.config):
+            self.log.warning("startup.warning", reason=warning)
 
     def install_signal_handlers(self) -> None:
+        """The event loop takes the signals over; those that came before it could (the
+        process had started but not got this far) are acted on now."""
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop, signum)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+        for signum in self.early_signals.take():
+            if signum == signal.SIGHUP:
+                self.request_reload()
+            else:
+                self.request_stop(signum)
 
     def request_stop(self, signum: int | None = None) -> None:
         if not self._stop.is_set():
@@ -395,6 +442,8 @@ class Daemon:
             for inbox in self.inboxes:
                 if inbox.watcher is not None:
                     await inbox.watcher.rescan()
+                if inbox.blocked:
+                    await asyncio.to_thread(self._prune_blocked, inbox)
         if self._due(tick, self.config.pipeline.status_interval_seconds):
             self.report_status()
         if self._due(tick, HEALTH_CHECK_SECONDS):
@@ -411,7 +460,7 @@ class Daemon:
             paths = inbox.tracker.due()
             if not paths:
                 continue
-            outcomes = await asyncio.to_thread(stat_all, paths)
+            outcomes = await asyncio.to_thread(stat_all, paths, inbox.config.path)
             for ready in inbox.tracker.settle(outcomes):
                 if ready.path in self._queued:
                     continue
@@ -424,7 +473,8 @@ class Daemon:
                 elif inbox.collator is not None and not ready.folder:
                     self._collate(inbox, ready.path, ready.first_seen)
                 else:
-                    self._jobs.append(Job(inbox, ready.path, since=ready.first_seen))
+                    job = Job(inbox, ready.path, ready.identity, since=ready.first_seen)
+                    self._jobs.append(job)
 
     def _collate(self, inbox: Inbox, path: Path, first_seen: float) -> None:
         """In a collating inbox a file waits as the fronts, or completes a pair."""
@@ -515,27 +565,67 @@ class Daemon:
         assert job.path is not None
         self._queued.discard(job.path)
         self._queued.difference_update(job.companions)
+        inbox, path = job.inbox, job.path
+        shown = printable(str(path))
         try:
-            claim = await asyncio.to_thread(job.inbox.work.claim, job.path, job.companions)
-        except OSError as error:
-            self.log.error(
-                "file.claim_failed",
-                path=str(job.path),
-                error=str(error),
-                action="left in the inbox; the next rescan tries again",
-            )
+            claim = await asyncio.to_thread(inbox.work.claim, path, job.identity, job.companions)
+        except NotClaimable as blocked:
+            self._block(inbox, path, blocked)
             return None
+        except Changed as changed:
+            self.log.warning(
+                "file.changed",
+                path=shown,
+                reason=str(changed),
+                action="left alone; if it is a file it is looked at again",
+            )
+            inbox.tracker.observe(path)
+            return None
+        except OSError as error:
+            transient = error.errno in RETRY_CLAIM_ERRNOS
+            self.log.error(
+                "file.claim_deferred" if transient else "file.claim_failed",
+                path=shown,
+                error=printable(str(error)),
+                action="left in the inbox; tried again "
+                + ("shortly" if transient else "at the next rescan"),
+            )
+            if transient:
+                inbox.tracker.observe(path)
+            return None
+        if inbox.blocked.pop(path, None) is not None:
+            self.log.info("file.unblocked", path=shown)
         if claim is None:
-            self.log.info("file.vanished", path=str(job.path), reason="gone before it was claimed")
+            self.log.info("file.vanished", path=shown, reason="gone before it was claimed")
             return None
         self.log.info(
             "document.claimed",
             doc=claim.id,
-            path=claim.state.relative_path,
+            path=printable(claim.state.relative_path),
             inbox=str(job.inbox.config.path),
             **({"companions": claim.state.companions} if claim.state.companions else {}),
         )
         return claim
+
+    def _block(self, inbox: Inbox, path: Path, blocked: NotClaimable) -> None:
+        """List a file ocrd cannot take (once, not at every rescan)."""
+        known = inbox.blocked.get(path)
+        if known is not None and known.reason == blocked.reason:
+            return
+        inbox.blocked[path] = Blocked(blocked.reason, blocked.fix, time.time())
+        self.log.warning(
+            "file.blocked",
+            path=printable(str(path)),
+            reason=blocked.reason,
+            fix=blocked.fix,
+            action="left in the inbox and listed on the status page; tried again at every rescan",
+        )
+
+    @staticmethod
+    def _prune_blocked(inbox: Inbox) -> None:
+        """Forget blocked files that are gone (their owner moved or deleted them). Blocking."""
+        for path in [p for p in inbox.blocked if not os.path.lexists(p)]:
+            inbox.blocked.pop(path, None)
 
     def _document_finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -644,8 +734,23 @@ class Daemon:
             problems.append("stopping")
         return problems
 
+    def attention(self) -> list[str]:
+        """What needs a person although ocrd serves: files it cannot take, stuck claims."""
+        lines = []
+        for inbox in self.inboxes:
+            if inbox.blocked:
+                count = len(inbox.blocked)
+                lines.append(
+                    f"{count} file{'s' if count > 1 else ''} in {inbox.config.path} cannot be "
+                    "taken (no permission); see the status page for why and how to fix it"
+                )
+        if self.documents is not None:
+            lines += [f"needs an operator: {reason}" for reason in self.documents.stuck.values()]
+        return lines
+
     def status_line(self) -> str:
         problems = [p for p in self.problems() if p != "the engine is loading"]
+        problems += self.attention()
         if self.web_problem:
             problems.append(self.web_problem)
         pages = self.pipeline.pages_in_flight if self.pipeline else 0
@@ -664,6 +769,7 @@ class Daemon:
             engine_state=(health.state if health else EngineState.loading).value,
             ready=not problems,
             problems=problems,
+            attention=self.attention(),
             pages_per_second=round(self.activity.pages_per_second(), 3),
             documents_in_flight=len(self._tasks),
             pages_in_flight=self.pipeline.pages_in_flight if self.pipeline else 0,
@@ -675,10 +781,13 @@ class Daemon:
     def _inbox_status(self, inbox: Inbox, now: float) -> InboxStatus:
         root = inbox.config.path
         waiting = [
-            WaitingFile(path=str(path.relative_to(root)), waiting_seconds=now - seen, ready=False)
+            WaitingFile(path=_shown(path, root), waiting_seconds=now - seen, ready=False)
             for path, seen in inbox.tracker.waiting()
+            if path not in inbox.blocked
         ] + [
-            WaitingFile(path=job.relative_path, waiting_seconds=now - job.since, ready=True)
+            WaitingFile(
+                path=printable(job.relative_path), waiting_seconds=now - job.since, ready=True
+            )
             for job in self._jobs
             if job.inbox is inbox
         ]
@@ -686,7 +795,7 @@ class Daemon:
         if fronts is not None:
             waiting.append(
                 WaitingFile(
-                    path=str(fronts.path.relative_to(root)),
+                    path=_shown(fronts.path, root),
                     waiting_seconds=now - fronts.first_seen,
                     ready=True,
                 )
@@ -695,7 +804,7 @@ class Daemon:
         in_flight = [
             DocumentProgress(
                 doc=flight.doc,
-                path=flight.path,
+                path=printable(flight.path),
                 pages=flight.progress.pages or None,
                 pages_done=flight.progress.done,
                 seconds=round(now - flight.progress.started, 1),
@@ -715,6 +824,10 @@ class Daemon:
             waiting=[w.model_copy(update={"waiting_seconds": round(w.waiting_seconds, 1)})
                      for w in waiting[:WAITING_LISTED]],
             in_flight=in_flight,
+            blocked=[
+                BlockedFile(path=_shown(path, root), reason=b.reason, fix=b.fix, since=b.since)
+                for path, b in list(inbox.blocked.items())[:WAITING_LISTED]
+            ],
         )  # fmt: skip
 
     def liveness(self) -> Liveness:
@@ -744,6 +857,10 @@ class Daemon:
     @staticmethod
     def _ms(seconds: float) -> float:
         return round(seconds * 1000, 1)
+
+
+def _shown(path: Path, root: Path) -> str:
+    return printable(str(path.relative_to(root)))
 
 
 def _clock(wall: float) -> str:

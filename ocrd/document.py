@@ -7,12 +7,15 @@
                           │          └─ no name works ─────────▶ failed/
                           └─▶ DocumentFailed ──────────────────▶ failed/
 
-Crash accounting: an attempt is counted in the claim when it starts and taken back when it
-ends cleanly (done, failed, shutdown). An attempt still counted at the next start means the
-daemon or its engine died while the document was in flight: a strike, but not proof, since
-other documents were in flight too. A struck document is run again alone; only if the
-daemon dies while it runs alone, with a page of it in the engine and before one more page
-was recognised, is it set aside as poison (`_stuck`).
+Crash accounting counts evidence only: when the engine dies with a page of a document in
+it, the document's claim records that page before the daemon exits. A document so struck
+runs alone from then on; if the engine dies again with its page in it, it is set aside as
+poison (at most two deaths). A daemon killed from outside (SIGKILL, a reboot) is no
+evidence against anything in flight: those documents simply resume.
+
+Whatever goes wrong while settling one document costs that document only: it goes to
+failed/ with the reason, and if even that cannot be done it stays claimed, listed as
+needing an operator, and the daemon goes on.
 
 Storage: every settlement step runs in a thread. Errors that clear by themselves (disk
 full, read-only, stale share, folder missing) are retried with backoff while the original
@@ -26,7 +29,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -41,6 +44,7 @@ from ocrd.domain import (
     Outcome,
     Stage,
 )
+from ocrd.dropped import printable
 from ocrd.engines import EngineDeadError
 from ocrd.log import FilteringBoundLogger, get_logger
 from ocrd.page import PageJournal
@@ -56,6 +60,15 @@ STORAGE_RETRY_FIRST_SECONDS = 1.0
 STORAGE_RETRY_MAX_SECONDS = 60.0
 
 
+@dataclass(frozen=True)
+class Blocked:
+    """A ready file ocrd's user cannot move out: why, what a person should do, since when."""
+
+    reason: str
+    fix: str
+    since: float  # wall clock
+
+
 @dataclass
 class Inbox:
     """One configured inbox and the parts that serve it."""
@@ -67,6 +80,7 @@ class Inbox:
     settings: DocumentSettings
     watcher: InboxWatcher | None = None
     collator: Collator | None = None  # with `collate: true`: a fronts file waiting
+    blocked: dict[Path, Blocked] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,14 +120,30 @@ def still_growing(inbox: InboxConfig) -> DocumentFailed:
     )
 
 
-def poisoned(attempts: int) -> DocumentFailed:
+POISON_DEATHS = 2  # engine deaths with a page of the document in it
+
+
+def poisoned(pages: list[int]) -> DocumentFailed:
+    if len(set(pages)) == 1:
+        where = f"the engine crashed on page {pages[0]} twice"
+    else:
+        where = f"the engine crashed twice with this document's pages in it (pages {pages[0]} "
+        where += f"and {pages[-1]}), the second time as the only document in flight"
     return DocumentFailed(
         Stage.crash,
-        f"crashed the daemon: the daemon or its engine died {attempts} times while this file "
-        "was being processed, the last time while it was the only file in flight and before "
-        "it got one page further, so it was set aside to keep other files moving; check the "
-        "log around its earlier attempts, then drop it into the inbox again",
+        f"{where}, so it was set aside to keep other files moving; check the log around "
+        "those crashes (and the engine's version), then drop it into the inbox again",
+        page=pages[-1],
         error_type="PoisonDocument",
+    )
+
+
+def unsettled(error: BaseException) -> DocumentFailed:
+    return DocumentFailed(
+        Stage.internal,
+        f"ocrd failed while settling this file ({type(error).__name__}: {error}); it was set "
+        "aside under a safe name so that other files keep moving; please report this",
+        error_type=type(error).__name__,
     )
 
 
@@ -136,6 +166,9 @@ class Documents:
         self.engine = engine
         self.storage = StorageHealth()
         self.in_flight: dict[str, InFlight] = {}
+        # Claims that could not be settled even as failures, by id: what an operator must
+        # look at (they stay in the work area until the next start).
+        self.stuck: dict[str, str] = {}
         # Told of every settled document, with its inbox's settings as they were when it
         # started (hooks, metrics, the status page).
         self.on_finished: list[Callable[[InboxConfig, DocumentSummary], None]] = []
@@ -148,18 +181,37 @@ class Documents:
         failure: DocumentFailed | None = None,
         alone: bool = False,
     ) -> None:
-        log = get_logger(doc=claim.id, path=claim.state.relative_path)
+        """Take one claim to done/ or failed/. Raises only EngineDeadError (the daemon must
+        restart the engine) and CancelledError (shutdown): anything else that goes wrong
+        costs this document, never the daemon."""
+        log = get_logger(doc=claim.id, path=printable(claim.state.relative_path))
+        try:
+            await self._run(inbox, claim, failure, alone, log)
+        except (EngineDeadError, asyncio.CancelledError):
+            raise
+        except Exception as error:  # a bug in ocrd, met while settling
+            log.exception("document.internal_error", stage=Stage.settle.value)
+            await self._set_aside(inbox, claim, error, log)
+
+    async def _run(
+        self,
+        inbox: Inbox,
+        claim: Claim,
+        failure: DocumentFailed | None,
+        alone: bool,
+        log: FilteringBoundLogger,
+    ) -> None:
         resumed = await self._step(lambda: inbox.settler.resume(claim), log)
         if resumed is not None:
             log.info("document.settled", outcome=resumed.outcome, resumed=True)
             return
         started = time.monotonic()
-        if failure is None and await self._stuck(claim):
-            failure = poisoned(claim.state.attempts)
+        if failure is None and len(claim.state.engine_deaths) >= POISON_DEATHS:
+            failure = poisoned(claim.state.engine_deaths)
         if failure is not None:
             await self._fail(inbox, claim, failure, started, log)
             return
-        attempt = await asyncio.to_thread(claim.start_attempt, alone)
+        attempt = await asyncio.to_thread(claim.start_attempt)
         log.info("document.started", attempt=attempt, alone=alone)
         progress = Progress()
         self.in_flight[claim.id] = InFlight(
@@ -174,9 +226,19 @@ class Documents:
                 await self._fail(inbox, claim, outcome, started, log)
             else:
                 await self._succeed(inbox, claim, outcome, started, log)
+        except EngineDeadError as error:
+            if error.page is not None:  # evidence: it died with this document's page in it
+                await asyncio.to_thread(claim.record_engine_death, error.page)
+                log.error(
+                    "document.engine_died",
+                    page=error.page,
+                    deaths=len(claim.state.engine_deaths),
+                    action="the document runs alone after the restart; a second death with "
+                    "its page in the engine sets it aside",
+                )
+            raise
         except asyncio.CancelledError:
             if claim.folder.exists():
-                claim.end_attempt_cleanly()
                 log.warning(
                     "document.interrupted", action="left in the work area for the next start"
                 )
@@ -184,18 +246,29 @@ class Documents:
         finally:
             self.in_flight.pop(claim.id, None)
 
-    @staticmethod
-    async def _stuck(claim: Claim) -> bool:
-        """The daemon or its engine died while this document was alone in flight, after a
-        page of it went to the engine and before one more page was recognised: whatever
-        kills the daemon is in this document, at one place. A document that was still being
-        opened (rendering runs in other processes) or that got further is not blamed; its
-        pages are journaled, so each retry moves it on."""
-        if not (claim.struck and claim.state.alone):
-            return False
-        journal = PageJournal(claim.journal)
-        tail = await asyncio.to_thread(journal.since, claim.state.journal_at_start)
-        return tail.engine_reached and tail.pages == 0
+    async def _set_aside(
+        self, inbox: Inbox, claim: Claim, error: Exception, log: FilteringBoundLogger
+    ) -> None:
+        """After an unexpected error while settling: failed/ under a flat, safe name; if
+        even that fails, the claim stays where it is, listed for an operator."""
+        failure = unsettled(error)
+        try:
+            settlement = await self._step(
+                lambda: inbox.settler.failed(claim, failure, Naming.flat), log
+            )
+        except Exception as again:
+            reason = f"cannot be settled, not even as a failure: {type(again).__name__}: {again}"
+            self.stuck[claim.id] = f"{printable(claim.state.relative_path)} {reason}"
+            log.error(
+                "document.stuck",
+                error=repr(again),
+                action="left in the work area for an operator; ocrd goes on with other files",
+            )
+            return
+        summary = self._summary(inbox, claim, Outcome.failed, time.monotonic(), settlement)
+        summary.stage, summary.reason = failure.stage, failure.message
+        summary.error_report = settlement.error_report
+        self._finished(inbox, summary, log)
 
     async def _convert(
         self,
@@ -324,7 +397,7 @@ class Documents:
         return DocumentSummary(
             doc=claim.id,
             inbox=str(inbox.config.path),
-            path=claim.state.relative_path,
+            path=printable(claim.state.relative_path),
             outcome=outcome,
             seconds=time.monotonic() - started,
             original=settlement.original,

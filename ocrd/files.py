@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
+import json
 import os
 import re
 import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 # Short, recognisable temporary names: a long original name must not make them too long,
 # and files left by a killed run can be told apart from users' files and swept away.
@@ -48,10 +52,25 @@ def numbered(desired: Path, number: int) -> Path:
     for every extension, so an original and its Markdown keep matching names)."""
     stem, suffix = _split_name(desired.name)
     tail = "" if number == 1 else f"-{number}"
-    encoded = stem.encode()
+    encoded = os.fsencode(stem)  # the name's own bytes, valid UTF-8 or not
     if len(encoded) + len(tail) > MAX_STEM_BYTES:
-        stem = encoded[: MAX_STEM_BYTES - len(tail)].decode(errors="ignore")
+        stem = os.fsdecode(_cut_bytes(encoded, MAX_STEM_BYTES - len(tail)))
     return desired.with_name(f"{stem}{tail}{suffix}")
+
+
+def _cut_bytes(encoded: bytes, limit: int) -> bytes:
+    """At most `limit` bytes of a name, not ending inside a UTF-8 character."""
+    cut = encoded[:limit]
+    for back in range(min(3, len(cut))):
+        lead = cut[len(cut) - 1 - back]
+        if lead < 0x80:
+            break
+        if lead >= 0xC0:  # the start of a character: keep it only if it is whole
+            width = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            if back + 1 < width:
+                cut = cut[: len(cut) - 1 - back]
+            break
+    return cut
 
 
 def candidate_names(desired: Path) -> Iterator[Path]:
@@ -72,7 +91,8 @@ def _split_name(name: str) -> tuple[str, str]:
 
 
 def free_name(desired: Path, *companions: str) -> Path:
-    """The first candidate that exists neither itself nor with any of the companion suffixes.
+    """The first candidate that exists neither itself nor with any of the companion suffixes,
+    and that no planner holds (see `reserve`).
 
     Companions keep related files paired: a failed original `scan.pdf` and its report
     `scan.error.json` get the same number when either name is taken.
@@ -80,19 +100,55 @@ def free_name(desired: Path, *companions: str) -> Path:
     for candidate in candidate_names(desired):
         stem = _split_name(candidate.name)[0]
         related = [candidate.with_name(stem + suffix) for suffix in companions]
-        if not candidate.exists() and not any(path.exists() for path in related):
+        taken = candidate.exists() or reservation_of(candidate).exists()
+        if not taken and not any(path.exists() for path in related):
             return candidate
     raise FileExistsError(f"no free name for {desired}")
 
 
-def _link_new(source: Path, target: Path) -> None:
-    """Give `source` the name `target` only if `target` does not exist (never overwrites)."""
+RENAME_NOREPLACE = 1  # linux/fs.h
+AT_FDCWD = -100
+
+
+@functools.cache
+def _renameat2() -> Any:
+    """glibc's renameat2, or None where the C library has none."""
+    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+        function.argtypes += [ctypes.c_uint]
+    return function
+
+
+def _rename_noreplace(source: Path, target: Path) -> bool:
+    """Rename without ever replacing (renameat2 RENAME_NOREPLACE); False where the
+    filesystem or the C library cannot (NFS, some FUSE mounts), so the caller falls back."""
+    function = _renameat2()
+    if function is None:
+        return False
+    result = function(AT_FDCWD, os.fsencode(source), AT_FDCWD, os.fsencode(target), 1)
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(source), None, str(target))
+
+
+def rename_new(source: Path, target: Path) -> None:
+    """Give `source` the name `target` only if `target` does not exist (never overwrites).
+
+    An atomic rename that refuses to replace where the filesystem has one; otherwise a hard
+    link and an unlink (atomic on NFS too); where links are refused as well (SMB and FAT
+    mounts; another user's file under fs.protected_hardlinks on a filesystem without
+    renameat2), check, then rename."""
+    if _rename_noreplace(source, target):
+        return
     try:
         os.link(source, target)
     except OSError as error:
         if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
             raise
-        # Filesystems without hard links (some SMB and FAT mounts): check, then rename.
         if target.exists():
             raise FileExistsError(errno.EEXIST, "file exists", str(target)) from None
         os.rename(source, target)
@@ -134,10 +190,65 @@ def write_new_file(target: Path, data: bytes) -> None:
     """
     temporary = _durable_temporary(target.parent, data)
     try:
-        _link_new(temporary, target)
+        rename_new(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
     fsync_dir(target.parent)
+
+
+def json_bytes(value: Any, indent: int | None = None) -> bytes:
+    """JSON as UTF-8, readable letters kept; the bytes of a name that are not UTF-8 written
+    as `\\udcNN` escapes (valid JSON that reads back to the same name)."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False)
+    return text.encode("utf-8", "backslashreplace")
+
+
+RESERVED_SUFFIX = ".ocrd-reserved"
+
+
+def reservation_of(target: Path) -> Path:
+    """The hidden marker that holds the name `target` for a planned settlement."""
+    return target.with_name(f".{target.name}{RESERVED_SUFFIX}")
+
+
+def holds(target: Path, owner: str) -> bool:
+    """Whether `owner` (a claim's id) holds the name `target`."""
+    try:
+        return reservation_of(target).read_bytes() == owner.encode()
+    except OSError:
+        return False
+
+
+def reserve(target: Path, owner: str) -> bool:
+    """Take the name `target` for `owner` unless another planner holds it or the file
+    exists (true again for a name `owner` already holds): atomic across threads, processes
+    and hosts sharing the folder, so two documents of the same name settling at once never
+    plan the same files."""
+    if holds(target, owner):
+        return True
+    if target.exists():
+        return False
+    marker = reservation_of(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_path(target.parent)
+    try:  # not fsynced: a plan lost in a power cut is made anew
+        temporary.write_bytes(owner.encode())
+        rename_new(temporary, marker)
+    except FileExistsError:
+        return False
+    finally:
+        temporary.unlink(missing_ok=True)  # a full disk must not fill up further
+    if target.exists():  # made by someone who does not reserve (a person, an older ocrd)
+        marker.unlink(missing_ok=True)
+        return False
+    return True
+
+
+def release(target: Path, owner: str) -> None:
+    """Give up the name `target` if `owner` holds it (its file is in place now, or the plan
+    was abandoned); another planner's reservation is never touched."""
+    if holds(target, owner):
+        reservation_of(target).unlink(missing_ok=True)
 
 
 def replace_file(target: Path, data: bytes) -> None:
@@ -176,7 +287,7 @@ def move_new(source: Path, target: Path) -> None:
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _link_new(source, target)
+        rename_new(source, target)
     except OSError as error:
         if error.errno != errno.EXDEV:
             raise
@@ -188,7 +299,7 @@ def move_new(source: Path, target: Path) -> None:
             shutil.copy2(source, temporary)
             with temporary.open("rb") as handle:
                 os.fsync(handle.fileno())
-            _link_new(temporary, target)
+            rename_new(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)
         fsync_dir(target.parent)

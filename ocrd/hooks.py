@@ -3,9 +3,12 @@
 They run in the background once the document is settled, so they never delay or change
 settling: a hook that fails, hangs or is slow is logged (`hook.finished`, `hook.failed`)
 and counted, and the document stays where it is. A command is an argument list run
-without a shell, with the document's facts in environment variables (`OCRD_*`, below), a
-time limit, and its output logged. A webhook gets the summary as a JSON POST (with a
-`text` line for chat services), retried with backoff, with an optional secret header.
+without a shell, in a process group of its own, with the document's facts in environment
+variables (`OCRD_*`, below; the whole summary also as a file, since a large one does not
+fit the environment), a time limit after which the whole group is killed, and the tail of
+its output logged (read as it comes: a flood costs no memory). A webhook gets the summary
+as a JSON POST (with a `text` line for chat services), retried with backoff, with an
+optional secret header. Hooks still running when ocrd stops are cancelled and logged.
 """
 
 from __future__ import annotations
@@ -14,18 +17,25 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from ocrd.backoff import Backoff
 from ocrd.config import HookConfig, InboxConfig, WebhookConfig
 from ocrd.domain import DocumentSummary, Outcome
+from ocrd.dropped import printable
+from ocrd.files import json_bytes
 from ocrd.log import get_logger
 
-OUTPUT_LIMIT = 4000  # characters of a command's output kept in the log
-WEBHOOK_BACKOFF_FIRST_SECONDS = 1.0
-WEBHOOK_BACKOFF_MAX_SECONDS = 60.0
+OUTPUT_LIMIT = 4000  # bytes of a command's output kept for the log (its tail)
+READ_CHUNK = 65536
+SUMMARY_IN_ENVIRONMENT = 32768  # bytes; a larger summary is only in OCRD_SUMMARY_FILE
+WEBHOOK_BACKOFF = Backoff(first=1.0, cap=60.0)
 STOP_GRACE_SECONDS = 5.0
 
 Counter = Callable[[str, str, str], None]  # event, kind, result
@@ -41,18 +51,23 @@ def payload(summary: DocumentSummary) -> dict[str, Any]:
         **summary.event(),
     }
     data["outcome"] = summary.outcome.value
+    for key in ("original", "markdown", "error_report"):
+        if isinstance(data.get(key), str):
+            data[key] = printable(data[key])
     if summary.outcome is Outcome.done:
         data["text"] = (
             f"ocrd: {summary.path} is done: {summary.pages} pages in {summary.seconds:.1f} s"
-            f" ({summary.markdown})"
+            f" ({data['markdown']})"
         )
     else:
         data["text"] = f"ocrd: {summary.path} failed: {summary.reason}"
     return data
 
 
-def environment(summary: DocumentSummary) -> dict[str, str]:
-    """What a hook command learns about the document, besides ocrd's own environment."""
+def environment(summary: DocumentSummary, summary_file: Path) -> dict[str, str]:
+    """What a hook command learns about the document, besides ocrd's own environment.
+    Paths are the files' own names (valid UTF-8 or not); the summary is JSON."""
+    text = json.dumps(payload(summary), ensure_ascii=False)
     values = {
         "OCRD_EVENT": summary.outcome.value,
         "OCRD_DOCUMENT_ID": summary.doc,
@@ -64,9 +79,45 @@ def environment(summary: DocumentSummary) -> dict[str, str]:
         "OCRD_REASON": summary.reason or "",
         "OCRD_PAGES": str(summary.pages),
         "OCRD_SECONDS": f"{summary.seconds:.3f}",
-        "OCRD_SUMMARY": json.dumps(payload(summary), ensure_ascii=False),
+        "OCRD_SUMMARY_FILE": str(summary_file),
     }
+    if len(text.encode()) <= SUMMARY_IN_ENVIRONMENT:
+        values["OCRD_SUMMARY"] = text
     return {**os.environ, **values}
+
+
+def _write_summary(summary: DocumentSummary) -> Path:
+    """The summary as a private JSON file for a hook command (removed after it ran)."""
+    fd, name = tempfile.mkstemp(prefix="ocrd-hook-", suffix=".json")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(json_bytes(payload(summary), indent=2))
+    return Path(name)
+
+
+class OutputTail:
+    """The last `limit` bytes of a stream, read as it comes."""
+
+    def __init__(self, limit: int = OUTPUT_LIMIT) -> None:
+        self.limit = limit
+        self.data = b""
+        self.total = 0
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(READ_CHUNK):
+            self.total += len(chunk)
+            self.data = (self.data + chunk)[-self.limit :]
+
+    def text(self) -> str:
+        text = self.data.decode(errors="replace").rstrip()
+        if self.total > self.limit:
+            return f"[{self.total - len(self.data)} bytes before]\n{text}"
+        return text
+
+
+def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """The command and every process it started (its own process group)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 class Hooks:
@@ -99,31 +150,57 @@ class Hooks:
     async def _run_command(self, hook: HookConfig, event: str, summary: DocumentSummary) -> None:
         assert hook.command is not None
         log = get_logger(doc=summary.doc, path=summary.path, hook=event, kind="command")
+        summary_file = await asyncio.to_thread(_write_summary, summary)
+        try:
+            await self._command(hook, event, summary, summary_file, log)
+        finally:
+            summary_file.unlink(missing_ok=True)
+
+    async def _command(
+        self, hook: HookConfig, event: str, summary: DocumentSummary, summary_file: Path, log: Any
+    ) -> None:
+        assert hook.command is not None
         try:
             process = await asyncio.create_subprocess_exec(
                 *hook.command,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                env=environment(summary),
+                env=environment(summary, summary_file),
+                start_new_session=True,  # a group of its own, killed whole at the time limit
             )
         except OSError as error:
             log.error("hook.failed", command=list(hook.command), error=str(error))
             self._count(event, "command", "error")
             return
+        assert process.stdout is not None
+        output = OutputTail()
         try:
-            output, _ = await asyncio.wait_for(process.communicate(), hook.timeout_seconds)
+            async with asyncio.timeout(hook.timeout_seconds):
+                await asyncio.gather(output.read(process.stdout), process.wait())
         except TimeoutError:
-            process.kill()
+            _kill_group(process)
             await process.wait()
             log.error(
                 "hook.failed",
                 command=list(hook.command),
-                error=f"still running after {hook.timeout_seconds:g} s; killed",
+                error=f"still running after {hook.timeout_seconds:g} s; killed with the "
+                "processes it started",
+                output=output.text(),
             )
             self._count(event, "command", "timeout")
             return
-        text = output.decode(errors="replace")[-OUTPUT_LIMIT:].rstrip()
+        except asyncio.CancelledError:
+            _kill_group(process)
+            log.warning(
+                "hook.cancelled",
+                command=list(hook.command),
+                reason="ocrd is stopping; the command and the processes it started were killed",
+            )
+            self._count(event, "command", "cancelled")
+            raise
+        _kill_group(process)  # what it left running in the background ends with it
+        text = output.text()
         if process.returncode == 0:
             log.info("hook.finished", exit_code=0, output=text)
             self._count(event, "command", "ok")
@@ -137,25 +214,39 @@ class Hooks:
         if webhook.secret_env and os.environ.get(webhook.secret_env):
             headers[webhook.secret_header] = os.environ[webhook.secret_env]
         body = payload(summary)
-        delay = WEBHOOK_BACKOFF_FIRST_SECONDS
-        for attempt in range(1, webhook.retries + 2):
-            problem = await self._attempt(webhook, headers, body)
-            if problem is None:
-                log.info("hook.finished", url=webhook.url, attempt=attempt)
-                self._count(event, "webhook", "ok")
-                return
-            last = attempt == webhook.retries + 1
+        attempt = 0
+        try:
+            for attempt, delay in enumerate(self._webhook_delays(webhook), start=1):
+                problem = await self._attempt(webhook, headers, body)
+                if problem is None:
+                    log.info("hook.finished", url=webhook.url, attempt=attempt)
+                    self._count(event, "webhook", "ok")
+                    return
+                last = delay is None
+                log.warning(
+                    "hook.failed" if last else "hook.retrying",
+                    url=webhook.url,
+                    attempt=attempt,
+                    error=problem,
+                    **({} if last else {"retry_in_seconds": delay}),
+                )
+                if delay is not None:
+                    await asyncio.sleep(delay)
+        except asyncio.CancelledError:
             log.warning(
-                "hook.failed" if last else "hook.retrying",
+                "hook.cancelled",
                 url=webhook.url,
                 attempt=attempt,
-                error=problem,
-                **({} if last else {"retry_in_seconds": delay}),
+                reason="ocrd is stopping; this document's webhook was not delivered",
             )
-            if not last:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, WEBHOOK_BACKOFF_MAX_SECONDS)
+            self._count(event, "webhook", "cancelled")
+            raise
         self._count(event, "webhook", "error")
+
+    @staticmethod
+    def _webhook_delays(webhook: WebhookConfig) -> list[float | None]:
+        """The wait after each attempt; None after the last."""
+        return [WEBHOOK_BACKOFF.nth(n) for n in range(1, webhook.retries + 1)] + [None]
 
     async def _attempt(
         self, webhook: WebhookConfig, headers: dict[str, str], body: dict[str, Any]

@@ -35,8 +35,9 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
     # Libraries that log through the standard library (vLLM, RapidOCR) go to stderr too,
     # but only their warnings: their per-request chatter would drown ocrd's own events.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")
-    for noisy in ("RapidOCR", "watchdog"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("RapidOCR").setLevel(logging.WARNING)
+    # watchdog warns when its thread is stopped while events are queued: every stop does that.
+    logging.getLogger("watchdog").setLevel(logging.ERROR)
 
 
 def get_logger(**context: object) -> FilteringBoundLogger:

@@ -53,11 +53,18 @@ class _StateCollector(Collector):
             "Age of the oldest file waiting in an inbox (0 when none waits)",
             labels=["inbox"],
         )
+        blocked = GaugeMetricFamily(
+            "ocrd_files_blocked",
+            "Files in an inbox that ocrd's user may not move out (see the status page)",
+            labels=["inbox"],
+        )
         for inbox in report.inboxes:
             waiting.add_metric([inbox.path], inbox.waiting_count)
             oldest.add_metric([inbox.path], inbox.oldest_waiting_seconds or 0.0)
+            blocked.add_metric([inbox.path], len(inbox.blocked))
         yield waiting
         yield oldest
+        yield blocked
         yield GaugeMetricFamily(
             "ocrd_documents_in_flight", "Documents claimed and being processed",
             value=report.documents_in_flight,

@@ -6,7 +6,6 @@ raw file), so both write the same output for the same text.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,16 +169,9 @@ def _figure_from_record(value: dict[str, Any], folder: Path) -> Figure | None:
     return Figure(path, int(value["width"]), int(value["height"]), tuple(box), value["source_dpi"])
 
 
-@dataclass(frozen=True)
-class JournalTail:
-    pages: int  # pages recognised
-    engine_reached: bool  # a page went to the engine
-
-
 class PageJournal:
     """Pages already recognised, appended as they finish, so that a document interrupted at
-    page 200 of 300 continues there after a restart instead of at page 1; and a note when an
-    attempt's first page goes to the engine (crash accounting)."""
+    page 200 of 300 continues there after a restart instead of at page 1."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -194,7 +186,7 @@ class PageJournal:
             try:  # the last line may be torn by a kill
                 record = json.loads(line)
                 if "page" not in record:
-                    continue  # a note for crash accounting, not a page
+                    continue  # a note an older ocrd wrote for crash accounting
                 raw = text_from_record(record)
                 figures = {}
                 for index, value in record.get("figures", {}).items():
@@ -215,28 +207,6 @@ class PageJournal:
             except (ValueError, KeyError, TypeError):
                 continue
         return pages
-
-    def note_engine_reached(self, page: int) -> None:
-        """Blocking. Record that a page of this attempt went to the engine: only then can
-        the daemon's death be this document's doing (rendering runs in other processes).
-        Best effort: without the note a death is not counted against the document."""
-        with contextlib.suppress(OSError):
-            self._write({"engine_reached": page})
-
-    def since(self, offset: int) -> JournalTail:
-        """Blocking. What was journaled after `offset` bytes (an attempt's start)."""
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(offset)
-                lines = handle.read().splitlines()
-        except FileNotFoundError:
-            return JournalTail(0, False)
-        records = []
-        for line in lines:
-            with contextlib.suppress(ValueError):  # a line torn by a kill
-                records.append(json.loads(line))
-        pages = sum(1 for record in records if "page" in record)
-        return JournalTail(pages, any("engine_reached" in record for record in records))
 
     def append(self, page: PageResult) -> None:
         """Blocking: call it off the event loop.

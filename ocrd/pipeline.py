@@ -67,7 +67,6 @@ class _Run:
     journal: PageJournal | None
     ticket: Ticket
     progress: Progress
-    engine_reached: asyncio.Future[None] | None = None  # journaled once a page went there
 
 
 class Pipeline:
@@ -132,7 +131,7 @@ class Pipeline:
                 Stage.detect, f"cannot read the file: {error.strerror}", code="unreadable"
             ) from None
         if skipped:
-            log.warning("document.files_skipped", files=skipped, reason="not a PDF or an image")
+            log.warning("document.files_skipped", files=skipped, action="left out of the document")
         if not files:
             raise DocumentFailed(
                 Stage.detect, "the folder holds no PDF, TIFF, PNG or JPEG file", code="no_pages"
@@ -307,23 +306,10 @@ class Pipeline:
             result.retried = True
         return result
 
-    @staticmethod
-    async def _note_engine_reached(run: _Run, number: int) -> None:
-        """Journal, once, before the first page goes to the engine, that this attempt reached
-        it: a crash counts against a document only after that (see document.py)."""
-        if run.journal is None:
-            return
-        if run.engine_reached is None:
-            run.engine_reached = asyncio.ensure_future(
-                asyncio.to_thread(run.journal.note_engine_reached, number)
-            )
-        await asyncio.shield(run.engine_reached)
-
     async def _engine_text(
         self, rendered: list[PageImage], ref: PageRef, number: int, prompt: PromptMode, run: _Run
     ) -> PageText:
         """The engine's text for a page; a failed request is retried with backoff."""
-        await self._note_engine_reached(run, number)
         delay = self.retry_backoff_seconds
         for attempt in range(1, self.page_retries + 2):
             try:  # no local name holds the pixels while the engine has them

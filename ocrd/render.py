@@ -21,6 +21,7 @@ import multiprocessing.connection
 import os
 import resource
 import secrets
+import signal
 import tempfile
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
@@ -34,6 +35,7 @@ from PIL import Image
 
 from ocrd.config import PipelineConfig
 from ocrd.domain import Figure, InputFormat, PageImage, RenderSettings, TextLayer
+from ocrd.dropped import NotRegularFile, open_regular, opened
 from ocrd.grounding import Block, Box
 
 WORKER_START_SECONDS = 60.0
@@ -79,10 +81,21 @@ _SIGNATURES: tuple[tuple[bytes, InputFormat], ...] = (
 )
 
 
+def not_a_file(error: NotRegularFile) -> RenderError:
+    return RenderError(
+        f"not a regular file ({error.strerror}); ocrd reads only files dropped as they are",
+        code="unsupported",
+    )
+
+
 def detect_format(path: Path) -> InputFormat:
-    """Recognise an input by its first bytes, never by its name."""
-    with path.open("rb") as handle:
-        head = handle.read(1024)
+    """Recognise an input by its first bytes, never by its name. Only a regular file is
+    opened (never through a link, never blocking on a FIFO)."""
+    try:
+        with opened(path) as handle:
+            head = handle.read(1024)
+    except NotRegularFile as error:
+        raise not_a_file(error) from None
     if not head:
         raise RenderError("the file is empty (0 bytes)", code="empty")
     for signature, fmt in _SIGNATURES:
@@ -195,12 +208,18 @@ class _PdfSource:
         self.settings = settings
         self.limits = limits
         try:
-            self.doc = pymupdf.open(path, filetype="pdf")
+            fd = open_regular(path)
+        except NotRegularFile as error:
+            raise not_a_file(error) from None
+        try:  # MuPDF opens the file the descriptor holds: what was checked is what is read
+            self.doc = pymupdf.open(f"/proc/self/fd/{fd}", filetype="pdf")
         except Exception as error:  # MuPDF raises its own types for broken files
-            detail = str(error).replace(str(path), path.name)
+            detail = str(error).replace(f"/proc/self/fd/{fd}", path.name)
             raise RenderError(
                 f"the PDF is damaged beyond repair (MuPDF: {detail})", code="damaged"
             ) from None
+        finally:
+            os.close(fd)
         if self.doc.needs_pass and not self._unlock():
             tried = len(settings.passwords)
             raise RenderError(
@@ -371,7 +390,9 @@ class _RasterSource:
         self.settings = settings
         self.limits = limits
         try:
-            self.image = Image.open(path)
+            self.image = Image.open(os.fdopen(open_regular(path), "rb"))
+        except NotRegularFile as error:
+            raise not_a_file(error) from None
         except Image.DecompressionBombError:
             raise RenderError(
                 f"the image is over the limit of {limits.max_page_pixels} pixels", code="too_large"
@@ -474,6 +495,10 @@ def _worker_main(
 ) -> None:
     import pymupdf  # noqa: F401  (imported before the first request's clock starts)
 
+    # Ctrl-C reaches the whole process group: the daemon decides when a renderer stops
+    # (it kills it), so a stop never fails the page being rendered.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     with open(buffer_path, "r+b") as handle:
         buffer = mmap.mmap(handle.fileno(), 0)
     limit = limits.memory_limit_mb * 1024 * 1024
@@ -528,13 +553,16 @@ class RenderWorker:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
         self._buffer: mmap.mmap | None = None
+        self._killed = False  # by kill(): replace it even if the kernel has not reaped it yet
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render-wait")
 
     # In the worker's thread:
 
     def _ensure_started(self) -> None:
-        if self._process is not None and self._process.is_alive() and self._conn is not None:
+        alive = self._process is not None and self._process.is_alive()
+        if alive and self._conn is not None and not self._killed:
             return
+        self._killed = False
         self._cleanup()
         path = os.path.join(_shared_folder(), f"ocrd-render-{os.getpid()}-{secrets.token_hex(4)}")
         with open(path, "w+b") as handle:
@@ -631,6 +659,7 @@ class RenderWorker:
     def kill(self) -> None:
         """Stop the child now (from the event loop); its thread cleans up before the next."""
         self.open.clear()
+        self._killed = True
         process = self._process
         if process is not None and process.is_alive():
             process.kill()

@@ -13,7 +13,6 @@ a name plans again one level down; the abandoned plan's files are removed first.
 from __future__ import annotations
 
 import filecmp
-import json
 import os
 from enum import StrEnum
 from pathlib import Path, PurePath
@@ -23,7 +22,18 @@ from ocrd import __version__
 from ocrd.claim import Claim, Settlement, now_iso
 from ocrd.config import InboxConfig
 from ocrd.domain import DocumentFailed, DocumentResult, DocumentSettings, Outcome
-from ocrd.files import free_name, move_new, numbered, write_new_file
+from ocrd.dropped import printable
+from ocrd.files import (
+    candidate_names,
+    free_name,
+    holds,
+    json_bytes,
+    move_new,
+    numbered,
+    release,
+    reserve,
+    write_new_file,
+)
 from ocrd.storage import safe_part, safe_relative
 from ocrd.write import discard_outputs, markdown_path, outputs_free, write_document
 
@@ -48,10 +58,10 @@ def error_report(
     failure: DocumentFailed, claim: Claim | None, engine: str, path: Path
 ) -> dict[str, Any]:
     return {
-        "file": path.name,
+        "file": printable(path.name),
         "document_id": claim.id if claim else None,
         "inbox": claim.state.inbox if claim else None,
-        "relative_path": claim.state.relative_path if claim else None,
+        "relative_path": printable(claim.state.relative_path) if claim else None,
         "stage": failure.stage.value,
         "page": failure.page,
         "error_type": failure.error_type,
@@ -69,7 +79,7 @@ def report_path(original: Path) -> Path:
 
 
 def write_report(target: Path, report: dict[str, Any]) -> None:
-    write_new_file(target, (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode())
+    write_new_file(target, json_bytes(report, indent=2) + b"\n")
 
 
 def _move_original(source: Path, target: Path) -> None:
@@ -103,81 +113,103 @@ class Settler:
         settings: DocumentSettings,
         naming: Naming = Naming.original,
     ) -> Settlement:
-        settlement = claim.state.settlement
-        reusable = (
-            settlement is not None
-            and settlement.outcome == Outcome.done
-            and settlement.markdown is not None
-            and settlement.naming == naming
-        )
-        if not reusable:
-            self._abandon(settlement)
-            settlement = self._plan_done(named(claim.relative_path, naming), naming)
-            settlement.companions = self._plan_companions(claim, self.inbox.done, naming)
-            claim.plan(settlement)
-        # else: an earlier attempt planned these names and died (or hit a storage fault)
-        # before finishing; reusing them overwrites what it left instead of adding a copy.
-        assert settlement is not None and settlement.markdown is not None
+        # An earlier attempt that planned these names and died (or hit a storage fault)
+        # before finishing left its plan: reusing it overwrites what it left, adding no copy.
+        settlement = self._reused(claim, Outcome.done, naming) or self._plan_done(claim, naming)
+        assert settlement.markdown is not None
         if not Path(settlement.markdown).is_file():
             write_document(result, settings, Path(settlement.markdown), claim.relative_path.name)
         self._finish(claim, settlement)
         return settlement
 
-    def _plan_done(self, relative: PurePath, naming: Naming) -> Settlement:
-        """The first number free for the original in done/ and its Markdown and companions
-        in the outbox together, so that `done/x-2.pdf` goes with `outbox/x-2.md`."""
-        number = 1
-        while True:
-            original = numbered(self.inbox.done / relative, number)
-            markdown = markdown_path(self.inbox.outbox, relative, number)
-            if not original.exists() and outputs_free(markdown):
-                return Settlement(
-                    Outcome.done, str(original), markdown=str(markdown), naming=naming
-                )
-            number += 1
-
     def failed(
         self, claim: Claim, failure: DocumentFailed, naming: Naming = Naming.original
     ) -> Settlement:
-        settlement = claim.state.settlement
-        reusable = (
-            settlement is not None
-            and settlement.outcome == Outcome.failed
-            and settlement.naming == naming
-        )
-        if not reusable:
-            self._abandon(settlement)
-            relative = named(claim.relative_path, naming)
-            original = free_name(self.inbox.failed / relative, ERROR_SUFFIX)
+        settlement = self._reused(claim, Outcome.failed, naming)
+        if settlement is None:
+            settlement = self._plan_failed(claim, failure, naming)
+        return self._finish_failed(claim, settlement)
+
+    def _plan_done(self, claim: Claim, naming: Naming) -> Settlement:
+        """The first number free for the original in done/ and its Markdown and companions
+        in the outbox together, so that `done/x-2.pdf` goes with `outbox/x-2.md`."""
+        relative = named(claim.relative_path, naming)
+        number = 0
+        while True:
+            number += 1
+            original = numbered(self.inbox.done / relative, number)
+            markdown = markdown_path(self.inbox.outbox, relative, number)
+            if original.exists() or not outputs_free(markdown):
+                continue
+            settlement = Settlement(
+                Outcome.done,
+                str(original),
+                markdown=str(markdown),
+                naming=naming,
+                companions=self._free_companions(claim, self.inbox.done, naming),
+            )
+            if self._take(claim, settlement):
+                return settlement
+
+    def _plan_failed(self, claim: Claim, failure: DocumentFailed, naming: Naming) -> Settlement:
+        relative = named(claim.relative_path, naming)
+        for original in candidate_names(self.inbox.failed / relative):
+            if original.exists() or report_path(original).exists():
+                continue
             settlement = Settlement(
                 outcome=Outcome.failed,
                 original=str(original),
                 error_report=str(report_path(original)),
                 error=error_report(failure, claim, self.engine, claim.path),
                 naming=naming,
-                companions=self._plan_companions(claim, self.inbox.failed, naming),
+                companions=self._free_companions(claim, self.inbox.failed, naming),
             )
-            claim.plan(settlement)
-        assert settlement is not None
-        return self._finish_failed(claim, settlement)
+            if self._take(claim, settlement):
+                return settlement
+        raise FileExistsError(f"no free name in {self.inbox.failed} for {relative}")
 
     @staticmethod
-    def _plan_companions(claim: Claim, folder: Path, naming: Naming) -> list[str]:
-        """Free names in `folder` for the claim's companions (a duplex's backs file)."""
+    def _take(claim: Claim, settlement: Settlement) -> bool:
+        """Save the plan, then reserve its names (so that documents of the same name
+        settling at the same moment, from another inbox sharing these folders or another
+        host, never plan the same files); false, holding nothing, where another planner
+        holds one of them."""
+        claim.plan(settlement)  # first: after a crash the claim knows which names may be ours
+        if _reserve_names(settlement, claim.id):
+            return True
+        _release_names(settlement, claim.id)
+        return False
+
+    def _reused(self, claim: Claim, outcome: Outcome, naming: Naming) -> Settlement | None:
+        """The plan an earlier attempt saved, if it is for this outcome and naming and its
+        names are (still, or now) this claim's; otherwise it is abandoned."""
+        settlement = claim.state.settlement
+        if settlement is None:
+            return None
+        fits = settlement.outcome == outcome and settlement.naming == naming
+        complete = outcome is Outcome.failed or settlement.markdown is not None
+        if fits and complete and _reserve_names(settlement, claim.id):
+            return settlement
+        self._abandon(settlement, claim.id)
+        return None
+
+    @staticmethod
+    def _free_companions(claim: Claim, folder: Path, naming: Naming) -> list[str]:
+        """Free names in `folder` for the claim's companions (a duplex's backs)."""
         return [
             str(free_name(folder / named(PurePath(relative), naming), ERROR_SUFFIX))
             for relative in claim.state.companions
         ]
 
     @staticmethod
-    def _abandon(settlement: Settlement | None) -> None:
-        """Remove what a plan that will not be finished wrote (its original never moved)."""
-        if settlement is None:
-            return
-        if settlement.markdown is not None:
+    def _abandon(settlement: Settlement, owner: str) -> None:
+        """Remove what a plan that will not be finished wrote (its original never moved),
+        and give up its names; what another planner holds is not touched."""
+        if settlement.markdown is not None and holds(Path(settlement.markdown), owner):
             discard_outputs(Path(settlement.markdown), with_markdown=True)
-        if settlement.error_report is not None:
+        if settlement.error_report is not None and holds(Path(settlement.original), owner):
             Path(settlement.error_report).unlink(missing_ok=True)
+        _release_names(settlement, owner)
 
     def _finish_failed(self, claim: Claim, settlement: Settlement) -> Settlement:
         report = Path(settlement.error_report or report_path(Path(settlement.original)))
@@ -199,8 +231,25 @@ class Settler:
         return settlement
 
     def _finish(self, claim: Claim, settlement: Settlement) -> None:
-        """Companions first, the original last: a claim whose original is gone is settled."""
+        """Companions first, the original last: a claim whose original is gone is settled.
+        The names' reservations go before the claim does, so a crash in between finds the
+        plan again and finishes it."""
         for source, target in zip(claim.companion_paths, settlement.companions, strict=True):
             _move_original(source, Path(target))
         _move_original(claim.path, Path(settlement.original))
+        _release_names(settlement, claim.id)
         claim.release()
+
+
+def _names(settlement: Settlement) -> list[Path]:
+    names = [settlement.markdown, settlement.original, *settlement.companions]
+    return [Path(name) for name in names if name is not None]
+
+
+def _reserve_names(settlement: Settlement, owner: str) -> bool:
+    return all(reserve(name, owner) for name in _names(settlement))
+
+
+def _release_names(settlement: Settlement, owner: str) -> None:
+    for name in _names(settlement):
+        release(name, owner)

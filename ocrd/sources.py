@@ -3,21 +3,22 @@ and backs of a single-sided feeder collated into one.
 
 A scan job is a folder whose files (images and PDFs, in subfolders too) are pages in
 natural name order, so `p2` comes before `p10`. Files that are no pages (a scanner's XML or
-thumbnails database) are left out and named in the log; hidden and temporary names are
-ignored as in an inbox. Duplex collating takes the fronts file as it is and the backs file
+thumbnails database) are left out and named in the log, as are entries that are no regular
+files (symbolic links, FIFOs, sockets: never followed or opened); hidden and temporary
+names are ignored as in an inbox. Duplex collating takes the fronts file as it is and the backs file
 in reverse (a single-sided feeder scans the turned-over stack from its last page), and
 interleaves them: front 1, back 1, front 2, back 2, ...
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES
 from ocrd.domain import InputFormat
+from ocrd.dropped import printable, regular_files
 from ocrd.render import Document, RenderError, detect_format
 
 
@@ -26,16 +27,22 @@ def natural_key(text: str) -> list[object]:
     return [int(part) if part.isdigit() else part.casefold() for part in re.split(r"(\d+)", text)]
 
 
-def folder_files(folder: Path) -> list[Path]:
-    """The files of a job folder, in natural order of their paths within it. Blocking."""
-    found = []
-    for root, folders, files in os.walk(folder):
-        folders[:] = [name for name in folders if not name.startswith(".")]
-        for name in files:
-            if name.startswith((".", "~$")) or name.lower().endswith(DEFAULT_TEMPORARY_SUFFIXES):
-                continue
-            found.append(Path(root) / name)
-    return sorted(found, key=lambda path: natural_key(path.relative_to(folder).as_posix()))
+def _ignored(name: str) -> bool:
+    return name.startswith((".", "~$")) or name.lower().endswith(DEFAULT_TEMPORARY_SUFFIXES)
+
+
+def folder_files(folder: Path) -> tuple[list[Path], list[str]]:
+    """The regular files of a job folder, in natural order of their paths within it, and
+    its other entries described (links, FIFOs: left alone). Blocking."""
+    files, others = regular_files(folder)
+    found = [path for path in files if not _ignored(path.name)]
+    found.sort(key=lambda path: natural_key(path.relative_to(folder).as_posix()))
+    skipped = [
+        f"{printable(str(path.relative_to(folder)))}: {kind}, never followed or opened"
+        for path, kind in others
+        if not _ignored(path.name)
+    ]
+    return found, skipped
 
 
 @dataclass(frozen=True)
@@ -44,13 +51,15 @@ class Sources:
 
     files: tuple[Path, ...]
     kind: str = "file"  # "file"; "folder": a scan job; "duplex": fronts, then backs
+    skipped: tuple[str, ...] = ()  # a job folder's entries that are no files, described
 
     @classmethod
     def of(cls, original: Path, companions: tuple[Path, ...] = ()) -> Sources:
         """A claimed original: a file, or a job folder; with a backs file, a duplex pair.
         Blocking (a folder is listed)."""
-        if original.is_dir():
-            return cls(tuple(folder_files(original)), "folder")
+        if original.is_dir() and not original.is_symlink():
+            files, skipped = folder_files(original)
+            return cls(tuple(files), "folder", tuple(skipped))
         if companions:
             return cls((original, *companions), "duplex")
         return cls((original,))
@@ -81,12 +90,12 @@ def page_order(counts: list[int], duplex: bool) -> list[tuple[int, int]]:
 def page_files(sources: Sources) -> tuple[list[tuple[Path, InputFormat]], list[str]]:
     """Each file that holds pages, with its format, and the names of a job folder's files
     that hold none (for a single file or a duplex pair that is an error). Blocking."""
-    readable, skipped = [], []
+    readable, skipped = [], list(sources.skipped)
     for path in sources.files:
         try:
             readable.append((path, detect_format(path)))
-        except RenderError:
+        except RenderError as error:
             if sources.kind != "folder":
                 raise
-            skipped.append(path.name)
+            skipped.append(f"{printable(path.name)}: {error}")
     return readable, skipped

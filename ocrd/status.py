@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from ocrd.domain import DocumentSummary, Outcome
+from ocrd.dropped import printable
 
 WAITING_LISTED = 100  # waiting files listed per inbox; the count covers all of them
 
@@ -26,6 +27,15 @@ class DocumentProgress(BaseModel):
     alone: bool = False
 
 
+class BlockedFile(BaseModel):
+    """A ready file ocrd's user cannot move out of the inbox: it waits for a person."""
+
+    path: str  # relative to the inbox
+    reason: str
+    fix: str
+    since: float  # wall clock, when it was first found blocked
+
+
 class InboxStatus(BaseModel):
     path: str
     watching: bool
@@ -33,6 +43,7 @@ class InboxStatus(BaseModel):
     oldest_waiting_seconds: float | None
     waiting: list[WaitingFile]
     in_flight: list[DocumentProgress]
+    blocked: list[BlockedFile] = []
 
 
 class FinishedDocument(BaseModel):
@@ -51,15 +62,15 @@ class FinishedDocument(BaseModel):
     def of(cls, summary: DocumentSummary) -> FinishedDocument:
         return cls(
             inbox=summary.inbox,
-            path=summary.path,
+            path=printable(summary.path),
             outcome=summary.outcome,
             pages=summary.pages,
             seconds=round(summary.seconds, 2),
             finished_at=summary.finished_at,
             stage=summary.stage.value if summary.stage else None,
-            reason=summary.reason,
-            error_report=summary.error_report,
-            markdown=summary.markdown,
+            reason=printable(summary.reason) if summary.reason else None,
+            error_report=printable(summary.error_report) if summary.error_report else None,
+            markdown=printable(summary.markdown) if summary.markdown else None,
         )
 
 
@@ -68,7 +79,8 @@ class StatusReport(BaseModel):
     engine: str
     engine_state: str
     ready: bool
-    problems: list[str]  # why not ready, or what else needs an operator
+    problems: list[str]  # why not ready
+    attention: list[str] = []  # what needs a person although ocrd serves (blocked files)
     pages_per_second: float
     documents_in_flight: int
     pages_in_flight: int

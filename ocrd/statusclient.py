@@ -48,9 +48,12 @@ def format_status(report: StatusReport) -> str:
         f"{report.pages_per_second:.2f} pages/s"
     ]
     lines += [f"  problem: {problem}" for problem in report.problems]
+    lines += [f"  attention: {line}" for line in report.attention]
     for inbox in report.inboxes:
         watching = "" if inbox.watching else " (not watched)"
         lines.append(f"inbox {inbox.path}{watching}: {inbox.waiting_count} waiting")
+        for blocked in inbox.blocked:
+            lines.append(f"  cannot take {blocked.path}: {blocked.reason}; fix: {blocked.fix}")
         for document in inbox.in_flight:
             pages = f"{document.pages_done}/{document.pages}" if document.pages else "opening"
             lines.append(

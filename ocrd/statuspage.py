@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from html import escape
 
-from ocrd.status import DocumentProgress, FinishedDocument, InboxStatus, StatusReport
+from ocrd.status import BlockedFile, DocumentProgress, FinishedDocument, InboxStatus, StatusReport
 
 REFRESH_SECONDS = 5
 WAITING_SHOWN = 50
@@ -23,7 +23,7 @@ h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
 .state { display: inline-block; padding: 0.1em 0.6em; border-radius: 0.8em; color: white; }
 .ready { background: #2e7d32; } .notready { background: #c62828; }
-.problems { color: #c62828; }
+.problems { color: #c62828; } .attention { color: #a15c00; }
 table { border-collapse: collapse; width: 100%; margin: 0.4em 0; }
 th, td { text-align: left; padding: 0.25em 0.5em; border-bottom: 1px solid #eee;
          vertical-align: top; }
@@ -63,6 +63,24 @@ def _waiting(inbox: InboxStatus) -> str:
     return (
         f"<p>{inbox.waiting_count} waiting</p><table><tr><th>file</th><th>state</th>"
         f"<th>waiting</th></tr>{rows}</table>{tail}"
+    )
+
+
+def _blocked_row(file: BlockedFile) -> str:
+    return (
+        f'<tr class="blocked"><td>{escape(file.path)}</td><td>{escape(file.reason)}</td>'
+        f"<td>{escape(file.fix)}</td></tr>"
+    )
+
+
+def _blocked(inbox: InboxStatus) -> str:
+    if not inbox.blocked:
+        return ""
+    rows = "".join(_blocked_row(f) for f in inbox.blocked)
+    return (
+        "<h3>Cannot be taken</h3><p>ocrd may not move these files out of the inbox; they "
+        "wait here until their permissions are fixed.</p><table><tr><th>file</th>"
+        f"<th>why</th><th>what to do</th></tr>{rows}</table>"
     )
 
 
@@ -141,10 +159,12 @@ def _chart(history: list[tuple[float, float]]) -> str:
 def render(report: StatusReport) -> str:
     state = "ready" if report.ready else "notready"
     problems = "".join(f"<li>{escape(p)}</li>" for p in report.problems)
+    attention = "".join(f"<li>{escape(line)}</li>" for line in report.attention)
     inboxes = "".join(
         f'<section class="inbox"><h2>Inbox {escape(inbox.path)}'
         f"{'' if inbox.watching else ' (not watched)'}</h2>"
-        f"<h3>Being converted</h3>{_in_flight(inbox)}<h3>Waiting</h3>{_waiting(inbox)}</section>"
+        f"<h3>Being converted</h3>{_in_flight(inbox)}<h3>Waiting</h3>{_waiting(inbox)}"
+        f"{_blocked(inbox)}</section>"
         for inbox in report.inboxes
     )
     return f"""<!doctype html>
@@ -159,6 +179,7 @@ def render(report: StatusReport) -> str:
 {_count(report.pages_in_flight, "page")} in flight,
 {report.pages_per_second:.2f} pages/s over the last minute. ocrd {escape(report.version)}.</p>
 {f'<ul class="problems">{problems}</ul>' if problems else ""}
+{f'<ul class="attention">{attention}</ul>' if attention else ""}
 {inboxes}
 <h2>Throughput</h2>{_chart(report.history)}
 <h2>Finished lately</h2>{_finished(report)}

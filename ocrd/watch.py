@@ -36,6 +36,7 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, InboxConfig
+from ocrd.dropped import Identity, link_on_the_way, printable
 from ocrd.log import get_logger
 
 STAT_RETRY_FIRST_SECONDS = 1.0
@@ -49,6 +50,7 @@ class Look:
     kind: str  # "file", "folder" (a job folder), "link" or "other"
     signature: tuple[int, ...] = ()  # changes whenever the candidate's content does
     files: int = 1  # files in a job folder
+    identity: Identity | None = None  # which file (or folder) it is
 
 
 StatOutcome = Look | OSError
@@ -91,6 +93,8 @@ def scan(inbox: InboxConfig, root: Path | None = None) -> tuple[list[Path], list
     entered), and the errors met on the way. Blocking: run it in a thread."""
     found: list[Path] = []
     errors: list[OSError] = []
+    if root is not None and root.is_symlink():
+        return found, errors  # a linked folder moved in: never walked
     for folder, folders, files in os.walk(root or inbox.path, onerror=errors.append):
         folders[:] = sorted(name for name in folders if not name.startswith("."))
         jobs = [
@@ -109,13 +113,15 @@ def scan(inbox: InboxConfig, root: Path | None = None) -> tuple[list[Path], list
     return found, errors
 
 
-def look_at(path: Path) -> Look:
-    """One look at a candidate; OSError if it cannot be looked at. Blocking."""
+def look_at(path: Path, inbox: Path) -> Look:
+    """One look at a candidate; OSError if it cannot be looked at. A path that passes
+    through a linked folder is a link: it leads out of what was dropped. Blocking."""
     info = path.lstat()
-    if stat.S_ISREG(info.st_mode):
-        return Look("file", (info.st_size, info.st_mtime_ns, info.st_ino))
-    if stat.S_ISLNK(info.st_mode):
+    if stat.S_ISLNK(info.st_mode) or link_on_the_way(inbox, path) is not None:
         return Look("link")
+    identity = Identity.of(info)
+    if stat.S_ISREG(info.st_mode):
+        return Look("file", (info.st_size, info.st_mtime_ns, info.st_ino), identity=identity)
     if not stat.S_ISDIR(info.st_mode):
         return Look("other")
     files, size, latest = 0, 0, info.st_mtime_ns
@@ -126,15 +132,15 @@ def look_at(path: Path) -> Look:
             entry = os.lstat(os.path.join(root, name))
             files, size = files + 1, size + entry.st_size
             latest = max(latest, entry.st_mtime_ns)
-    return Look("folder", (files, size, latest, info.st_ino), files)
+    return Look("folder", (files, size, latest, info.st_ino), files, identity)
 
 
-def stat_all(paths: Iterable[Path]) -> dict[Path, StatOutcome]:
+def stat_all(paths: Iterable[Path], inbox: Path) -> dict[Path, StatOutcome]:
     """A look at each path, or the OSError it raised. Blocking: run it in a thread."""
     outcomes: dict[Path, StatOutcome] = {}
     for path in paths:
         try:
-            outcomes[path] = look_at(path)
+            outcomes[path] = look_at(path, inbox)
         except OSError as error:
             outcomes[path] = error
     return outcomes
@@ -144,6 +150,7 @@ def stat_all(paths: Iterable[Path]) -> dict[Path, StatOutcome]:
 class _Candidate:
     first_seen: float
     signature: tuple[int, ...] | None = None  # size, mtime, inode; a folder's totals
+    identity: Identity | None = None
     stable_since: float = 0.0
     due: float = 0.0  # when to look next
     failures: int = 0  # stats in a row that raised an OS error
@@ -155,6 +162,7 @@ class Ready:
     first_seen: float  # monotonic
     still_growing: bool = False  # never settled within max_settle_wait_seconds
     folder: bool = False  # a scan job's folder
+    identity: Identity | None = None  # the file that settled: the one to claim
 
 
 class SettleTracker:
@@ -223,16 +231,18 @@ class SettleTracker:
                 candidate.failures = 0
             if outcome.signature != candidate.signature:
                 candidate.signature, candidate.stable_since = outcome.signature, now
+            candidate.identity = outcome.identity
             empty = outcome.kind == "folder" and outcome.files == 0  # a job not yet begun
             if empty and now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self.log.info("file.skipped", path=str(path), reason="an empty job folder")
                 self._forget(path)
             elif not empty and now - candidate.stable_since >= self.inbox.settle_seconds:
                 self._forget(path)
-                ready.append(Ready(path, candidate.first_seen, folder=outcome.kind == "folder"))
+                folder, identity = outcome.kind == "folder", outcome.identity
+                ready.append(Ready(path, candidate.first_seen, folder=folder, identity=identity))
             elif now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self._forget(path)
-                ready.append(Ready(path, candidate.first_seen, still_growing=True))
+                ready.append(Ready(path, candidate.first_seen, True, identity=outcome.identity))
             else:
                 when = candidate.stable_since + self.inbox.settle_seconds
                 # An empty job folder is stable but not ready: look again within a second.
@@ -268,8 +278,12 @@ class SettleTracker:
             return job_folder_of(relative, self.inbox, True) == relative
         if path not in self._warned:  # once per path
             self._warned.add(path)
-            kind = "symbolic link" if look.kind == "link" else "not a regular file"
-            self.log.warning("file.skipped", path=str(path), reason=f"{kind}; left in place")
+            kind = "a symbolic link" if look.kind == "link" else "not a regular file"
+            self.log.warning(
+                "file.skipped",
+                path=printable(str(path)),
+                reason=f"{kind}; never followed or opened, left in place",
+            )
         return False
 
 

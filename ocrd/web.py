@@ -11,18 +11,27 @@ Prometheus metrics, and health.
 Every answer is built from memory in well under a millisecond and written by aiohttp
 without blocking, so a slow client holds only its own connection. Clients other than
 loopback must send `Authorization: Bearer <token>` (or `?token=`) when the token's
-environment variable is set.
+environment variable is set; with `trust_loopback: false` (a reverse proxy on the same
+host) loopback clients too.
+
+The port is open to anyone who can reach it, and the daemon's files and its HTTP clients
+share one process's open files, so connections are bounded before any token is checked:
+at most `max_connections` at once (more are answered 503 and closed), each must send its
+request's headers within `header_timeout_seconds` (slower clients are dropped), and each
+serves one request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.web_runner import BaseSite
 
 from ocrd.config import HttpConfig
 from ocrd.log import get_logger
@@ -31,12 +40,110 @@ from ocrd.status import StatusReport
 from ocrd.statuspage import render
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 36\r\nRetry-After: 5\r\n\r\nocrd: too many connections; retry.\r\n"
+)
 
 
 @dataclass
 class Liveness:
     alive: bool
     seconds_since_tick: float
+
+
+@dataclass
+class ConnectionLimits:
+    """How many connections may be open, and how long a client may take to send its
+    request's headers; and what was turned away."""
+
+    max_connections: int
+    header_timeout: float
+    open: int = 0
+    turned_away: dict[str, int] = field(default_factory=lambda: {"busy": 0, "slow": 0})
+
+
+class _Guarded(asyncio.Protocol):
+    """aiohttp's connection handler behind the limits: counted, timed until its request's
+    headers are in, or turned away before aiohttp sees a byte."""
+
+    def __init__(self, handler: asyncio.Protocol, limits: ConnectionLimits) -> None:
+        self._handler = handler
+        self._limits = limits
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tail = b""
+        self._admitted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self._limits.open >= self._limits.max_connections:
+            self._limits.turned_away["busy"] += 1
+            transport.write(BUSY)
+            transport.close()
+            return
+        self._admitted = True
+        self._limits.open += 1
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self._limits.header_timeout, self._too_slow)
+        self._handler.connection_made(transport)
+
+    def _too_slow(self) -> None:
+        self._timer = None
+        self._limits.turned_away["slow"] += 1
+        if self._transport is not None:
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._admitted:
+            return
+        if self._timer is not None:
+            seen = self._tail + data
+            if b"\r\n\r\n" in seen:  # the request's headers are complete
+                self._timer.cancel()
+                self._timer = None
+            self._tail = seen[-3:]
+        self._handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._handler.eof_received() if self._admitted else None
+
+    def pause_writing(self) -> None:
+        if self._admitted:
+            self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._admitted:
+            self._handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._admitted:
+            self._admitted = False
+            self._limits.open -= 1
+            self._handler.connection_lost(exc)
+
+
+class _GuardedSite(BaseSite):
+    """A TCP site whose connections go through `_Guarded`."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, limits: ConnectionLimits):
+        super().__init__(runner)
+        self._host, self._port, self._limits = host, port, limits
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Guarded(server(), self._limits), self._host, self._port, reuse_address=True
+        )
 
 
 class WebServer:
@@ -53,11 +160,12 @@ class WebServer:
         self.metrics = metrics
         self.address: str | None = None
         self.token = os.environ.get(config.token_env) or None
+        self.limits = ConnectionLimits(config.max_connections, config.header_timeout_seconds)
         self.log = get_logger()
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._authorise])
+        app = web.Application(middlewares=[_one_request_per_connection, self._authorise])
         app.router.add_get("/", self.index)
         app.router.add_get("/api/status", self.api_status)
         app.router.add_get("/metrics", self.prometheus)
@@ -71,7 +179,7 @@ class WebServer:
             self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.config.host, self.config.port)
+        site = _GuardedSite(runner, self.config.host, self.config.port, self.limits)
         try:
             await site.start()
         except OSError:
@@ -95,8 +203,12 @@ class WebServer:
 
     @web.middleware
     async def _authorise(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.token is None or _loopback(request.remote or ""):
+        if self.token is None and self.config.trust_loopback:
             return await handler(request)
+        if self.config.trust_loopback and _loopback(request.remote or ""):
+            return await handler(request)
+        if self.token is None:  # refused at start; never serve without the token asked for
+            return web.json_response({"error": f"{self.config.token_env} is not set"}, status=401)
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         given = given or request.query.get("token", "")
         if hmac.compare_digest(given.encode(), self.token.encode()):
@@ -135,6 +247,14 @@ class WebServer:
             "problems": report.problems,
         }
         return web.json_response(body, status=200 if report.ready else 503)
+
+
+@web.middleware
+async def _one_request_per_connection(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Each connection carries one request, so the header time limit covers all of it."""
+    response = await handler(request)
+    response.force_close()
+    return response
 
 
 def _loopback(host: str) -> bool:

@@ -87,7 +87,7 @@ def discard_outputs(markdown: Path, *, with_markdown: bool = False) -> None:
 
 
 def figure_links(page: PageResult, assets: str) -> dict[int, str]:
-    folder = quote(assets)
+    folder = quote(assets, errors="surrogateescape")  # a name's own bytes, UTF-8 or not
     return {index: f"{folder}/{quote(figure.path.name)}" for index, figure in page.figures.items()}
 
 

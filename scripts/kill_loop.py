@@ -137,8 +137,10 @@ def kill_loop(folder: Path, kills: int, documents: int, seed: int) -> dict[str, 
     problems, summary = check(
         dropped, data / "inbox", data / "outbox", data / "done", data / "failed", data / "work"
     )
+    reports = [json.loads(p.read_text()) for p in (data / "failed").rglob("*.error.json")]
     return {
         "kills": kills,
+        "set_aside": sum(1 for r in reports if r.get("error_type") == "PoisonDocument"),
         "backlogs": rounds,
         "expected_inputs": per_round * rounds,
         "final_exit_code": exit_code,

@@ -99,18 +99,36 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str | Callabl
 
 
 class DaemonProcess:
-    """`ocrd run` in a subprocess, its JSON log lines collected as they come."""
+    """`ocrd run` in a subprocess, its JSON log lines collected as they come; as another
+    user with `runtime` and `user` (tests/users.py), with an open-files limit if given."""
 
-    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        env: dict[str, str] | None = None,
+        runtime: Any = None,
+        user: str | None = None,
+        open_files: int | None = None,
+    ) -> None:
         self.events: list[dict[str, Any]] = []
         self.raw: list[str] = []
+        arguments = ("run", "--config", str(config), "--log-format", "json")
+        command = runtime.command(*arguments) if runtime else [sys.executable, "-m", "ocrd"]
+        if runtime is None:
+            command += arguments
+        as_user: dict[str, Any] = {}
+        if user is not None:  # its own groups, as systemd's User= gives them
+            as_user = {"user": user, "group": user_group(user), "extra_groups": groups_of(user)}
+            as_user["cwd"] = str(config.parent)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ocrd", "run", "--config", str(config), "--log-format", "json"],
+            command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(runtime.environment() if runtime else {}), **(env or {})},
+            preexec_fn=(lambda: limit_open_files(open_files)) if open_files else None,
+            **as_user,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -156,12 +174,30 @@ class DaemonProcess:
             self.process.wait()
 
 
+def user_group(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid
+
+
+def groups_of(user: str) -> list[int]:
+    import grp
+
+    return [g.gr_gid for g in grp.getgrall() if user in g.gr_mem]
+
+
+def limit_open_files(count: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+
+
 @pytest.fixture
 def start_daemon() -> Iterator[Callable[..., DaemonProcess]]:
     started: list[DaemonProcess] = []
 
-    def start(config: Path, env: dict[str, str] | None = None) -> DaemonProcess:
-        daemon = DaemonProcess(config, env)
+    def start(config: Path, env: dict[str, str] | None = None, **options: Any) -> DaemonProcess:
+        daemon = DaemonProcess(config, env, **options)
         started.append(daemon)
         return daemon
 

@@ -3,9 +3,13 @@ retried until it answers, and a hook that hangs; none of them delays or changes 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import sys
+import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,10 @@ import pytest
 from conftest import write_config
 from helpers import make_pdf
 from test_http import base_url, metric
+
+from ocrd.config import InboxConfig
+from ocrd.domain import DocumentSummary, Outcome
+from ocrd.hooks import Hooks
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +120,89 @@ def test_hooks_run_after_settling_and_never_hold_it_up(tmp_path: Path, start_dae
     assert body["event"] == "failed" and body["path"] == "broken.pdf"
     assert "not a PDF" in body["reason"] and body["text"].startswith("ocrd: broken.pdf failed")
     assert (tmp_path / "data" / "failed" / "broken.pdf").exists()
+
+
+def test_a_hook_that_floods_output_and_leaves_children_is_bounded(
+    tmp_path: Path, start_daemon
+) -> None:
+    """One command writes 50 MB to its output, another starts a child and then outlives
+    its time limit: only the flood's tail is kept, the second is killed with its child,
+    and documents keep converting."""
+    child_pid = tmp_path / "child.pid"
+    flood = "import sys\nfor _ in range(800): sys.stdout.write('x' * 65535 + '\\n')\nprint('END')"
+    hooks = {
+        "on_done": {"command": [sys.executable, "-c", flood]},
+        "on_failed": {
+            "command": ["sh", "-c", f"sleep 300 & echo $! > {child_pid}; wait"],
+            "timeout_seconds": 2,
+        },
+    }
+    config = write_config(tmp_path, {"hooks": hooks})
+    daemon = start_daemon(config)
+    daemon.wait_for("daemon.ready")
+    inbox = tmp_path / "data" / "inbox"
+    make_pdf(inbox / "letter.pdf", 1)
+    (inbox / "broken.pdf").write_text("not a PDF")
+    [flooded] = daemon.wait_for("hook.finished", timeout=120)
+    [killed] = daemon.wait_for("hook.failed", timeout=60)
+    make_pdf(inbox / "next.pdf", 1)
+    daemon.wait_for("document.finished", path="next.pdf", timeout=60)
+    assert daemon.stop() == 0
+
+    assert flooded["output"].endswith("x\nEND")
+    assert flooded["output"].startswith(f"[{800 * 65536 + 4 - 4000} bytes before]\n")
+    assert len(flooded["output"]) < 5000
+    assert "killed with the processes it started" in killed["error"]
+    pid = int(child_pid.read_text())
+    assert not Path(f"/proc/{pid}").exists()  # the background child died with its group
+
+
+def test_a_large_summary_reaches_the_hook_command_as_a_file(tmp_path: Path) -> None:
+    """A 40,000-page document's summary is too large for the environment (the kernel
+    refuses a variable over 128 KiB): the command finds it in OCRD_SUMMARY_FILE."""
+    result = tmp_path / "result.json"
+    script = (
+        "import json, os\n"
+        "summary = json.load(open(os.environ['OCRD_SUMMARY_FILE']))\n"
+        f"json.dump({{'in_env': 'OCRD_SUMMARY' in os.environ, "
+        f"'blank': len(summary['blank_pages'])}}, open({str(result)!r}, 'w'))\n"
+    )
+    inbox = InboxConfig(
+        path=tmp_path, hooks={"on_done": {"command": [sys.executable, "-c", script]}}
+    )
+    summary = DocumentSummary(
+        doc="d1", inbox=str(tmp_path), path="book.pdf", outcome=Outcome.done, seconds=1.0,
+        pages=40_000, blank_pages=list(range(1, 40_001)), markdown=str(tmp_path / "book.md"),
+    )  # fmt: skip
+
+    async def run() -> Path:
+        hooks = Hooks()
+        hooks.document_finished(inbox, summary)
+        await asyncio.wait_for(asyncio.gather(*hooks._tasks), 60)
+        await hooks.stop()
+        return result
+
+    asyncio.run(run())
+    assert json.loads(result.read_text()) == {"in_env": False, "blank": 40_000}
+    assert not list(Path(tempfile.gettempdir()).glob("ocrd-hook-*.json"))  # removed after
+
+
+def test_webhooks_cut_off_by_a_stop_are_logged(tmp_path: Path, start_daemon) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, never answers
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
+        hooks = {"on_done": {"webhook": {"url": url, "timeout_seconds": 300}}}
+        config = write_config(tmp_path, {"hooks": hooks})
+        daemon = start_daemon(config)
+        daemon.wait_for("daemon.ready")
+        make_pdf(tmp_path / "data" / "inbox" / "letter.pdf", 1)
+        daemon.wait_for("document.finished", timeout=60)
+        time.sleep(0.5)  # the delivery is under way
+        assert daemon.stop() == 0
+    finally:
+        silent.close()
+    [cancelled] = daemon.find("hook.cancelled")
+    assert cancelled["url"] == url and cancelled["path"] == "letter.pdf"
+    assert "not delivered" in cancelled["reason"]

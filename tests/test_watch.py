@@ -16,7 +16,7 @@ from ocrd.watch import InboxWatcher, Ready, SettleTracker, is_candidate_name, st
 
 def look(tracker: SettleTracker) -> list[Ready]:
     """One tick of the daemon: stat the candidates that are due, then settle them."""
-    return tracker.settle(stat_all(tracker.due()))
+    return tracker.settle(stat_all(tracker.due(), tracker.inbox.path))
 
 
 def inbox_config(path: Path, **overrides: object) -> InboxConfig:
@@ -226,7 +226,7 @@ def test_a_file_whose_stat_fails_is_skipped_and_looked_at_again(tmp_path: Path) 
         for step in range(40):
             now[0] = step * 0.25
             due = tracker.due()
-            outcomes = stat_all(due)
+            outcomes = stat_all(due, inbox)
             if flaky in outcomes and now[0] < 4.0:
                 outcomes[flaky] = eio  # the share answers EIO for four seconds
             ready += [r.path for r in tracker.settle(outcomes)]

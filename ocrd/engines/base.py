@@ -27,7 +27,14 @@ class EngineError(Exception):
 
 
 class EngineDeadError(Exception):
-    """The engine is gone (its process died); the daemon must exit so systemd restarts it."""
+    """The engine is gone (its process died); the daemon must exit so systemd restarts it.
+
+    `page` is the page that was in the engine when it died (evidence against its document
+    in crash accounting), None for a request that came after the death."""
+
+    def __init__(self, message: str, page: int | None = None) -> None:
+        super().__init__(message)
+        self.page = page
 
 
 class EngineState(StrEnum):

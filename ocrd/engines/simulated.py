@@ -6,7 +6,9 @@ priority scheduling does). Its text is derived from the page's pixels, so the sa
 always gives the same text and different pages different text; in layout mode it has the
 shape of DeepSeek-OCR-2's grounding output, with a title, a paragraph and one figure. With
 `unfinished_every: N` every Nth page stops at "max_tokens" in layout mode (the plain-text
-retry then finishes). It never reads anything on the page and is never chosen by `auto`.
+retry then finishes). With `fatal_colour`, a page whose centre pixel has that colour kills
+the engine half-way through its time, as a page that crashes a real engine would. It
+never reads anything on the page and is never chosen by `auto`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from PIL import Image
 
 from ocrd.config import PromptMode, SimulatedConfig
 from ocrd.domain import PageImage, PageText
-from ocrd.engines.base import EngineHealth, EngineState
+from ocrd.engines.base import EngineDeadError, EngineHealth, EngineState
 from ocrd.engines.slots import PrioritySlots
 
 
@@ -47,12 +49,22 @@ class SimulatedEngine:
 
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         started = time.monotonic()
+        if self.health.state is EngineState.dead:
+            raise EngineDeadError(f"the simulated engine died: {self.health.problem}")
         # What it needs of the pixels is taken at once, as a real engine turns a page into
         # tensors on arrival: the page's memory is not held while it waits its turn.
         number, (width, height), digest = page.number, page.image.size, fingerprint(page.image)
+        fatal = self._is_fatal(page)
         del page
         async with self.slots.slot(priority):
+            if fatal:
+                await asyncio.sleep(self.config.seconds_per_page / 2)
+                self.health.set(EngineState.dead, f"page {number} crashed it")
+            if self.health.state is EngineState.dead:  # it died with this page in it
+                raise EngineDeadError(f"the simulated engine died: {self.health.problem}", number)
             await asyncio.sleep(self.config.seconds_per_page)
+            if self.health.state is EngineState.dead:
+                raise EngineDeadError(f"the simulated engine died: {self.health.problem}", number)
         unfinished = (
             mode is PromptMode.layout
             and self.config.unfinished_every > 0
@@ -79,8 +91,15 @@ class SimulatedEngine:
             "<|ref|>image<|/ref|><|det|>[[100, 300, 600, 700]]<|/det|>\n"
         )
 
+    def _is_fatal(self, page: PageImage) -> bool:
+        if self.config.fatal_colour is None:
+            return False
+        width, height = page.image.size
+        return page.image.getpixel((width // 2, height // 2)) == self.config.fatal_colour
+
     async def check_health(self) -> None:
-        return None
+        if self.health.state is EngineState.dead:
+            raise EngineDeadError(f"the simulated engine died: {self.health.problem}")
 
     async def stop(self) -> None:
         return None

@@ -116,6 +116,8 @@ class VllmEngine:
         page: int | None = None,
         priority: int = 0,
     ) -> PageText:
+        if self.health.state is EngineState.dead:
+            raise EngineDeadError(f"the vLLM engine died: {self.health.problem}")
         request_id = f"page-{next(self._ids)}"
         request = {"prompt": prompt, "multi_modal_data": {"image": image}}
         started = time.monotonic()
@@ -132,7 +134,7 @@ class VllmEngine:
             ) from None
         except self._dead_errors as error:
             self.health.set(EngineState.dead, str(error))
-            raise EngineDeadError(f"the vLLM engine died: {error}") from error
+            raise EngineDeadError(f"the vLLM engine died: {error}", page) from error
         if final is None or not final.outputs:
             raise EngineError("the engine returned no output", page)
         completion = final.outputs[0]
