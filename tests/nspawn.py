@@ -209,8 +209,8 @@ class Guest:
     def unit(self, unit: str, *properties: str) -> dict[str, str]:
         """`systemctl show` of a unit's properties."""
         output = self.run("systemctl", "show", unit, *(f"--property={p}" for p in properties))
-        pairs = (line.split("=", 1) for line in output.stdout.splitlines() if "=" in line)
-        return dict(pairs)
+        lines = (line.partition("=") for line in output.stdout.splitlines())
+        return {key: value for key, _, value in lines}
 
     def journal(self, unit: str) -> str:
         """systemd's and the unit's own lines about `unit`, oldest first."""

@@ -9,8 +9,9 @@ a time) to keep these tests fast: they test the unit and the daemon's own logic 
 systemd, not recognition. Everything else is real: systemd 254, the hardened unit with its
 sandbox, real users and groups, PyMuPDF renders in worker processes, signals.
 
-About 2.5 minutes from nothing (debootstrap from Debian's mirror, pip from PyPI), about
-1.5 minutes with the root file system cached (tests/nspawn.py, cache_folder()). Needs root.
+Measured on 2 cores: 2 min 40 s from nothing (debootstrap from Debian's mirror, pip from
+PyPI), 1 min 15 s to 2 min 25 s with the root file system cached (tests/nspawn.py,
+cache_folder()), depending on pip's downloads. Needs root.
 """
 
 from __future__ import annotations
