@@ -233,6 +233,9 @@ def booted(rootfs: Path, console: Path, boot_timeout: float = 180) -> Iterator[G
         if process is not None:
             _power_off(process, cgroups)
         _remove_cgroups(cgroups)
+        # nspawn's folder for propagating mounts into the guest; empty once it is off.
+        with contextlib.suppress(OSError):
+            Path("/run/systemd/nspawn/propagate", name).rmdir()
 
 
 def _name(purpose: str) -> str:
