@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -49,22 +50,83 @@ def test_the_unit_is_hardened(tmp_path: Path) -> None:
     assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
 
 
+def tmpfiles_in_an_offline_root(root: Path) -> subprocess.CompletedProcess[str]:
+    """`systemd-tmpfiles --root --create` of the shipped file, in a private mount namespace
+    where /etc/passwd and /etc/group are the root's: ACL entries name the group, and libacl
+    resolves names through the system's user database, which --root does not redirect (on
+    a real install sysusers has run first and the name resolves)."""
+    if os.geteuid() != 0:
+        pytest.fail("the tmpfiles test mounts over /etc/group in a private namespace: run as root")
+    script = (
+        f"mount --bind {root}/etc/group /etc/group && "
+        f"mount --bind {root}/etc/passwd /etc/passwd && "
+        f"exec systemd-tmpfiles --root={root} --create -"
+    )
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        input=(SYSTEMD / "ocrd.tmpfiles").read_text(),
+        capture_output=True,
+        text=True,
+    )
+
+
+def effective_group_permissions(path: Path, gid: int) -> str:
+    """What members of group `gid` may do with `path`: its named ACL entry, else the owning
+    group's, limited by the mask (`getfacl`'s #effective)."""
+    result = subprocess.run(["getfacl", "--numeric", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, f"getfacl failed (scripts/install_test_packages.sh): {result}"
+    entries = dict(
+        line.split("\t")[0].rsplit(":", 1)
+        for line in result.stdout.splitlines()
+        if line and not line.startswith("#")
+    )
+    owning = entries["group:"] if path.stat().st_gid == gid else "---"
+    allowed = entries.get(f"group:{gid}", owning)
+    mask = entries.get("mask:", "rwx")
+    return "".join(a if a == m else "-" for a, m in zip(allowed, mask, strict=True))
+
+
 def test_sysusers_and_tmpfiles_create_the_user_and_the_folders(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
-    for tool, name in (
-        ("systemd-sysusers", "ocrd.sysusers"),
-        ("systemd-tmpfiles", "ocrd.tmpfiles"),
-    ):
-        arguments = [tool, f"--root={root}", "-"]
-        if tool == "systemd-tmpfiles":
-            arguments.insert(1, "--create")
-        result = subprocess.run(
-            arguments, input=(SYSTEMD / name).read_text(), capture_output=True, text=True
-        )
-        assert result.returncode == 0, result.stderr
+    result = subprocess.run(
+        ["systemd-sysusers", f"--root={root}", "-"],
+        input=(SYSTEMD / "ocrd.sysusers").read_text(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    result = tmpfiles_in_an_offline_root(root)
+    assert result.returncode == 0, result.stderr
+    assert "Failed" not in result.stderr, result.stderr
     assert re.search(r"^ocrd:x:\d+:\d+:.*:/var/lib/ocrd:", (root / "etc/passwd").read_text(), re.M)
     inbox = root / "srv" / "ocrd" / "inbox"
     assert inbox.is_dir() and inbox.stat().st_mode & 0o7777 == 0o2775
     for folder in ("outbox", "done", "failed", "work"):
         assert (root / "srv" / "ocrd" / folder).is_dir()
+
+
+def test_a_subfolder_someone_makes_in_the_inbox_stays_writable_by_ocrd(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    subprocess.run(
+        ["systemd-sysusers", f"--root={root}", "-"],
+        input=(SYSTEMD / "ocrd.sysusers").read_text(),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert tmpfiles_in_an_offline_root(root).returncode == 0
+    gid = int(re.search(r"^ocrd:x:(\d+):", (root / "etc/group").read_text(), re.M).group(1))
+    inbox = root / "srv" / "ocrd" / "inbox"
+    subfolder, deeper = inbox / "alice", inbox / "alice" / "2026"
+    previous = os.umask(0o022)  # a person's usual umask: new folders drwxr-xr-x
+    try:
+        subfolder.mkdir()
+        deeper.mkdir()
+    finally:
+        os.umask(previous)
+    assert effective_group_permissions(inbox, gid) == "rwx"
+    for folder in (subfolder, deeper):
+        assert effective_group_permissions(folder, gid) == "rwx", folder
+        assert folder.stat().st_gid == gid and folder.stat().st_mode & 0o2000, folder
