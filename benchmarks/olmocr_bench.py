@@ -25,8 +25,7 @@ from pathlib import Path
 from harness import CORPUS
 from olmocr_scorer import check
 
-from ocrd.config import InboxConfig, PipelineConfig, RapidOcrConfig
-from ocrd.domain import DocumentSettings
+from ocrd.config import DocumentOptions, PipelineConfig, RapidOcrConfig
 from ocrd.engines.rapidocr import RapidOcrEngine
 from ocrd.pipeline import Pipeline
 from ocrd.write import render_markdown
@@ -48,8 +47,8 @@ async def convert_all(
     pdfs: list[str], pdf_text: str, strip: bool, scratch: Path
 ) -> tuple[dict, float, int]:
     """Markdown of each PDF through ocrd's pipeline; seconds, pages."""
-    inbox = InboxConfig(path=scratch, pdf_text=pdf_text, strip_headers_footers=strip)
-    settings = DocumentSettings.of(inbox, "rapidocr")
+    inbox = DocumentOptions(pdf_text=pdf_text, strip_headers_footers=strip)
+    settings = inbox.for_engine("rapidocr")
     engine = RapidOcrEngine(RapidOcrConfig())
     await engine.start()
     pipeline = Pipeline.create(engine, PipelineConfig())

@@ -87,8 +87,8 @@ def render_handoff_ms(paths: list[Path]) -> float:
 
     import psutil
 
-    from ocrd.domain import RenderSettings
-    from ocrd.render import Document, RenderLimits, RenderPool, detect_format
+    from ocrd.config import RenderSettings
+    from ocrd.render import RenderLimits, RenderPool, SourceFile, detect_format
 
     def cpu() -> float:
         me = psutil.Process()
@@ -102,7 +102,7 @@ def render_handoff_ms(paths: list[Path]) -> float:
         pages = 0
         try:
             for path in paths:
-                document = Document(path, detect_format(path), RenderSettings())
+                document = SourceFile(path, detect_format(path), RenderSettings())
                 try:
                     count = await pool.open(document)
                 except Exception:

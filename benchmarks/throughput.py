@@ -33,9 +33,9 @@ from pathlib import Path
 
 from harness import REPO, DaemonRun, make_pdf, simulated_engine
 
-from ocrd.config import EngineConfig, PromptMode
-from ocrd.domain import PageImage, RenderSettings
-from ocrd.render import Document, RenderLimits, RenderPool, detect_format
+from ocrd.config import EngineConfig, PromptMode, RenderSettings
+from ocrd.domain import PageImage
+from ocrd.render import RenderLimits, RenderPool, SourceFile, detect_format
 
 MAX_IMAGE_SIDE = 768
 
@@ -57,7 +57,7 @@ async def render_pages(paths: list[Path], limit: int) -> list[PageImage]:
     images: list[PageImage] = []
     try:
         for path in paths:
-            document = Document(path, detect_format(path), settings)
+            document = SourceFile(path, detect_format(path), settings)
             count = await pool.open(document)
             for number in range(1, count + 1):
                 if len(images) == limit:

@@ -26,11 +26,13 @@ import shutil
 import stat
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path, PurePath
 from typing import Any
 
+from ocrd.domain import Outcome
 from ocrd.dropped import Identity, kind_of, link_on_the_way, printable
-from ocrd.files import fsync_dir, rename_new, replace_file
+from ocrd.files import fsync_dir, release, rename_new, replace_file, reserve
 
 STATE_FILE = ".claim.json"
 
@@ -43,17 +45,46 @@ def new_claim_id() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
 
 
+class Naming(StrEnum):
+    """How a settlement names its files: as the original was named; made safe for any
+    filesystem (an SMB or FAT target refuses `:` or `?`); or flat, the whole relative path
+    in one short name (a path too long for the target)."""
+
+    original = "original"
+    safe = "safe"
+    flat = "flat"
+
+
 @dataclass
 class Settlement:
     """Where a claim's files go, decided and saved before any of them moves."""
 
-    outcome: str  # "done" or "failed"
+    outcome: Outcome
     original: str  # destination of the original
     markdown: str | None = None
     error_report: str | None = None
     error: dict[str, Any] | None = None
-    naming: str = "original"  # or "safe", "flat": where the target refused the name
+    naming: Naming = Naming.original  # safe, flat: where the target refused the name
     companions: list[str] = field(default_factory=list)  # destinations of the companions
+
+    @classmethod
+    def load(cls, saved: dict[str, Any]) -> Settlement:
+        settlement = cls(**saved)
+        settlement.outcome = Outcome(settlement.outcome)
+        settlement.naming = Naming(settlement.naming)
+        return settlement
+
+    def names(self) -> list[Path]:
+        """The names it plans for files (each reserved by the claim that planned it)."""
+        names = [self.markdown, self.original, *self.companions]
+        return [Path(name) for name in names if name is not None]
+
+    def reserve(self, owner: str) -> bool:
+        return all(reserve(name, owner) for name in self.names())
+
+    def release(self, owner: str) -> None:
+        for name in self.names():
+            release(name, owner)
 
 
 @dataclass
@@ -115,11 +146,6 @@ class Claim:
         """The engine died while page `page` of this document was in it."""
         self.state.engine_deaths.append(page)
         self.save()
-
-    @property
-    def struck(self) -> bool:
-        """The engine died with a page of this document in it: it runs alone from now on."""
-        return bool(self.state.engine_deaths)
 
     def plan(self, settlement: Settlement) -> None:
         self.state.settlement = settlement
@@ -185,7 +211,7 @@ def check_claimable(inbox: Path, path: Path, entry: os.stat_result) -> None:
                 f"let ocrd's group read and write it (chgrp -R ocrd; chmod -R g+rwX) "
                 f"{SHARED_INBOX_FIX}",
             )
-    elif not os.access(path, os.R_OK, follow_symlinks=False):
+    elif not _readable(path, entry):
         refusal = NotClaimable(
             f"ocrd's user ({user}) may not read the file",
             f"let ocrd's group read it (chgrp ocrd; chmod g+r) {SHARED_INBOX_FIX}",
@@ -193,6 +219,24 @@ def check_claimable(inbox: Path, path: Path, entry: os.stat_result) -> None:
     if refusal is not None:
         _still(path, entry)
         raise refusal
+
+
+def _readable(path: Path, entry: os.stat_result) -> bool:
+    """Whether ocrd's user may read the regular file `entry` at `path` (ACLs included):
+    opened to find out, never through a link, never blocking; Changed if something else
+    lies there now."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        return False
+    except OSError:  # gone, or a link now (ELOOP)
+        raise Changed("it changed while it was being checked") from None
+    try:
+        if Identity.of(os.fstat(fd)) != Identity.of(entry):
+            raise Changed("another file took its place while it was being checked")
+    finally:
+        os.close(fd)
+    return True
 
 
 def _still(path: Path, entry: os.stat_result) -> None:
@@ -319,7 +363,11 @@ class WorkArea:
         state = self._saved_state(folder)
         if state is not None:
             claim = Claim(folder, state)
-            return claim if claim.path.exists() else None  # never filled, or settled
+            if claim.path.exists() or claim.path.is_symlink():
+                return claim
+            if state.settlement is not None:  # settled: the run died before tidying up
+                state.settlement.release(claim.id)
+            return None  # never filled, or settled
         originals = [
             path
             for path in folder.rglob("*")
@@ -338,7 +386,7 @@ class WorkArea:
             settlement = saved.pop("settlement", None)
             known = {f.name for f in fields(ClaimState)}  # an older ocrd's keys are dropped
             state = ClaimState(**{k: v for k, v in saved.items() if k in known})
-            state.settlement = Settlement(**settlement) if settlement else None
+            state.settlement = Settlement.load(settlement) if settlement else None
         except (OSError, ValueError, TypeError):
             return None
         return state

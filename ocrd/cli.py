@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ocrd import __version__
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 if TYPE_CHECKING:
-    from ocrd.config import Config, EngineConfig, InboxConfig, PipelineConfig
+    from ocrd.config import Config, DocumentOptions, EngineConfig, PipelineConfig
 
 ENGINES = click.Choice(["auto", "vllm", "openai", "rapidocr", "simulated"])
 config_option = click.option(
@@ -42,7 +45,7 @@ log_options = [
 ]
 
 
-def required_config(help_text: str):  # type: ignore[no-untyped-def]
+def required_config(help_text: str) -> Callable[[F], F]:
     return click.option(
         "--config",
         "config_path",
@@ -52,7 +55,7 @@ def required_config(help_text: str):  # type: ignore[no-untyped-def]
     )
 
 
-def with_log_options(function):  # type: ignore[no-untyped-def]
+def with_log_options(function: F) -> F:
     for option in reversed(log_options):
         function = option(function)
     return function
@@ -76,13 +79,13 @@ def _load(path: Path) -> Config:
 
 def _one_off_options(
     config_path: Path | None,
-) -> tuple[EngineConfig, PipelineConfig, InboxConfig]:
+) -> tuple[EngineConfig, PipelineConfig, DocumentOptions]:
     """Engine, pipeline and document options for convert and rerender: the config's, with
     its first inbox's document options, or the defaults without a config."""
-    from ocrd.config import EngineConfig, InboxConfig, PipelineConfig
+    from ocrd.config import DocumentOptions, EngineConfig, PipelineConfig
 
     if config_path is None:
-        return EngineConfig(), PipelineConfig(), InboxConfig(path=Path("."))
+        return EngineConfig(), PipelineConfig(), DocumentOptions()
     config = _load(config_path)
     return config.engine, config.pipeline, config.inboxes[0]
 
@@ -132,12 +135,12 @@ def convert(
     from ocrd.convert import convert_files
 
     configure_logging(log_format, log_level)
-    engine_config, pipeline_config, inbox = _one_off_options(config_path)
+    engine_config, pipeline_config, options = _one_off_options(config_path)
     if engine:
         engine_config = engine_config.model_copy(update={"kind": engine})
     terminal = sys.stderr.isatty()
     failed = asyncio.run(
-        convert_files(list(files), out, engine_config, pipeline_config, inbox, terminal)
+        convert_files(list(files), out, engine_config, pipeline_config, options, terminal)
     )
     if failed:
         click.echo(
@@ -166,17 +169,17 @@ def rerender(
     The pages are rendered with the settings of the config's first inbox (or the defaults),
     as the daemon rendered them, so figures are cropped from the same pixels.
     """
-    from ocrd.domain import DocumentFailed, DocumentSettings
+    from ocrd.domain import DocumentFailed
     from ocrd.render import RenderLimits
     from ocrd.rerender import RawFileError
     from ocrd.rerender import rerender as rerender_document
 
     configure_logging(log_format, log_level)
-    _, pipeline, inbox = _one_off_options(config_path)
+    _, pipeline, options = _one_off_options(config_path)
     try:
         files = asyncio.run(
             rerender_document(
-                document, raw, out, DocumentSettings.of(inbox), RenderLimits.of(pipeline)
+                document, raw, out, options.for_engine(None), RenderLimits.of(pipeline)
             )
         )
     except (RawFileError, DocumentFailed) as error:
@@ -207,7 +210,7 @@ def status(config_path: Path, as_json: bool) -> None:
 @config_option
 def check_config(config_path: Path | None) -> None:
     """Validate CONFIG and its folders; exit non-zero on any problem."""
-    from ocrd.daemon import check_folders
+    from ocrd.checks import check_folders
 
     if config_path is None:
         raise click.UsageError("--config is required")

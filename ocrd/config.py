@@ -7,6 +7,7 @@ config can live beside its data folder and be started from anywhere.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -54,7 +55,82 @@ class HooksConfig(Strict):
     on_failed: HookConfig | None = None
 
 
-class InboxConfig(Strict):
+class PdfText(StrEnum):
+    """Whether a PDF page's own text layer stands in for recognising its pixels."""
+
+    auto = "auto"  # prefer on the CPU engine, ocr on the GPU engines
+    ocr = "ocr"  # never
+    prefer = "prefer"  # where the layer is good
+
+
+class BlankPages(StrEnum):
+    keep = "keep"  # recognise them like any page
+    drop = "drop"  # leave the page empty
+    mark = "mark"  # write a visible marker
+
+
+class UnfinishedPages(StrEnum):
+    """Where a document with pages the engine stopped before their end goes."""
+
+    done = "done"
+    failed = "failed"
+
+
+class TableFormat(StrEnum):
+    markdown = "markdown"  # pipe tables where simple enough
+    html = "html"  # as the model wrote them
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """How one document's pages are rasterised: resolution is what the engine pays for."""
+
+    dpi: int = 144
+    max_image_side: int = 2048
+    passwords: tuple[str, ...] = ()  # tried in turn on an encrypted PDF
+
+
+class DocumentOptions(Strict):
+    """How an inbox's documents are recognised and written: the options each document
+    takes with it when it starts (a reload changes them for documents not yet started)."""
+
+    prompt: PromptMode = PromptMode.layout
+    dpi: Annotated[int, Field(ge=36, le=600)] = 144
+    figure_dpi: Annotated[int, Field(ge=36, le=1200)] | None = None  # None: twice `dpi`
+    max_image_side: Annotated[int, Field(ge=256, le=10000)] = 2048
+    passwords: tuple[str, ...] = ()
+    page_separator: str = "\n\n<!-- page {page} -->\n\n"
+    unfinished_pages: UnfinishedPages = UnfinishedPages.done
+    retry_unfinished: bool = True
+    tables: TableFormat = TableFormat.markdown
+    figures: bool = True
+    layout_file: bool = False
+    keep_raw: bool = False
+    strip_headers_footers: bool = False
+    pdf_text: PdfText = PdfText.auto
+    blank_pages: BlankPages = BlankPages.mark  # pages blank at engine resolution
+
+    @property
+    def render(self) -> RenderSettings:
+        return RenderSettings(self.dpi, self.max_image_side, self.passwords)
+
+    @property
+    def figure_resolution(self) -> int:
+        """The DPI figures are cut at from a PDF page."""
+        return self.figure_dpi or 2 * self.dpi
+
+    def for_engine(self, engine: str | None) -> DocumentOptions:
+        """These options with `auto` decided for the engine in use: DeepSeek-OCR-2 gives
+        better structure than a text layer, RapidOCR does not."""
+        if self.pdf_text is not PdfText.auto:
+            return self
+        chosen = PdfText.prefer if engine == "rapidocr" else PdfText.ocr
+        return self.model_copy(update={"pdf_text": chosen})
+
+
+class InboxEntry(DocumentOptions):
+    """An inbox as the configuration file gives it: output folders may be left out."""
+
     path: Path
     outbox: Path | None = None
     done: Path | None = None
@@ -71,30 +147,13 @@ class InboxConfig(Strict):
     # fronts and the backs (in reverse) of one document.
     collate: bool = False
     collate_window_seconds: Annotated[float, Field(gt=0)] = 300.0
-    settle_seconds: Annotated[float, Field(ge=0)] = 5.0
+    settle_seconds: Annotated[float, Field(ge=0)] = 5.0  # quiet this long: ready to take
     max_settle_wait_seconds: Annotated[float, Field(gt=0)] = 3600.0
     polling: bool = False
     poll_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
-    prompt: PromptMode = PromptMode.layout
-    dpi: Annotated[int, Field(ge=36, le=600)] = 144
-    figure_dpi: Annotated[int, Field(ge=36, le=1200)] | None = None  # None: twice `dpi`
-    max_image_side: Annotated[int, Field(ge=256, le=10000)] = 2048
-    passwords: tuple[str, ...] = ()
-    page_separator: str = "\n\n<!-- page {page} -->\n\n"
-    unfinished_pages: Literal["done", "failed"] = "done"
-    retry_unfinished: bool = True
-    tables: Literal["markdown", "html"] = "markdown"
-    figures: bool = True
-    layout_file: bool = False
-    keep_raw: bool = False
-    strip_headers_footers: bool = False
-    # A PDF page's own text layer instead of recognising its pixels: "prefer" where the
-    # layer is good, "ocr" never, "auto" prefer on the CPU engine and ocr on GPU engines.
-    pdf_text: Literal["auto", "ocr", "prefer"] = "auto"
-    blank_pages: Literal["keep", "drop", "mark"] = "mark"  # pages blank at engine resolution
     hooks: HooksConfig = HooksConfig()
 
-    def derived(self, base: Path) -> InboxConfig:
+    def located(self, base: Path) -> InboxConfig:
         """Absolute paths, with output folders defaulting to siblings of the inbox."""
         inbox = _absolute(self.path, base)
         parent = inbox.parent
@@ -102,8 +161,9 @@ class InboxConfig(Strict):
         def folder(value: Path | None, default: str) -> Path:
             return _absolute(value, base) if value is not None else parent / default
 
-        return self.model_copy(
-            update={
+        return InboxConfig(
+            **{
+                **dict(self),
                 "path": inbox,
                 "outbox": folder(self.outbox, "outbox"),
                 "done": folder(self.done, "done"),
@@ -111,6 +171,15 @@ class InboxConfig(Strict):
                 "work": folder(self.work, "work"),
             }
         )
+
+
+class InboxConfig(InboxEntry):
+    """An inbox as the daemon serves it: every folder known, every path absolute."""
+
+    outbox: Path
+    done: Path
+    failed: Path
+    work: Path
 
 
 class SamplingConfig(Strict):
@@ -242,18 +311,24 @@ class HttpConfig(Strict):
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
 
-class Config(Strict):
-    inboxes: Annotated[tuple[InboxConfig, ...], Field(min_length=1)] = ()
+class ConfigFile(Strict):
+    """The configuration file as written."""
+
+    inboxes: Annotated[tuple[InboxEntry, ...], Field(min_length=1)] = ()
     engine: EngineConfig = EngineConfig()
     pipeline: PipelineConfig = PipelineConfig()
     http: HttpConfig = HttpConfig()
+
+
+class Config(ConfigFile):
+    """The configuration as the daemon uses it: inboxes resolved against the file's folder."""
+
+    inboxes: Annotated[tuple[InboxConfig, ...], Field(min_length=1)] = ()
 
     @model_validator(mode="after")
     def _distinct_work_folders(self) -> Config:
         seen: dict[Path, Path] = {}
         for inbox in self.inboxes:
-            if inbox.work is None:
-                continue
             if inbox.work in seen:
                 raise ValueError(
                     f"inboxes {seen[inbox.work]} and {inbox.path} share the work folder "
@@ -297,21 +372,15 @@ def parse_config(data: Any, base: Path, source: str = "config") -> Config:
             f"{source}: expected a mapping at the top level, got {type(data).__name__}"
         )
     try:
-        config = Config.model_validate(_with_absolute_inboxes(data, base))
+        written = ConfigFile.model_validate(data)
+        return Config(
+            inboxes=tuple(entry.located(base) for entry in written.inboxes),
+            engine=written.engine,
+            pipeline=written.pipeline,
+            http=written.http,
+        )
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, source)) from None
-    return config
-
-
-def _with_absolute_inboxes(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    inboxes = data.get("inboxes")
-    if not isinstance(inboxes, list):
-        return data
-    try:
-        resolved = [InboxConfig.model_validate(item).derived(base) for item in inboxes]
-    except ValidationError:
-        return data  # let the full model report the error with its location
-    return {**data, "inboxes": resolved}
 
 
 def load_config(path: Path) -> Config:

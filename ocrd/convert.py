@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 
-from ocrd.config import EngineConfig, InboxConfig, PipelineConfig
-from ocrd.domain import DocumentFailed, DocumentSettings
+from ocrd.config import DocumentOptions, EngineConfig, PipelineConfig
+from ocrd.domain import DocumentFailed
 from ocrd.engines import EngineDeadError, choose_engine, create_engine
 from ocrd.files import free_name
 from ocrd.log import get_logger
@@ -122,7 +122,7 @@ async def convert_files(
     out: Path,
     engine_config: EngineConfig,
     pipeline_config: PipelineConfig,
-    inbox: InboxConfig,
+    options: DocumentOptions,
     terminal: bool = False,
 ) -> int:
     """Convert every file; the number of files that failed."""
@@ -130,7 +130,7 @@ async def convert_files(
     choice = choose_engine(engine_config)
     log.info("engine.selected", engine=choice.kind, reason=choice.reason)
     engine = create_engine(engine_config, choice.kind)
-    settings = DocumentSettings.of(inbox, choice.kind)
+    settings = options.for_engine(choice.kind)
     await engine.start()
     pipeline = Pipeline.create(engine, pipeline_config, settings.render.max_image_side)
     documents = asyncio.Semaphore(pipeline_config.documents_in_flight_for(engine.max_concurrency))

@@ -6,14 +6,14 @@ rerender), so data flows one way and no step imports another only for its types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
 from PIL import Image
 
-from ocrd.config import InboxConfig, PromptMode
+from ocrd.config import PromptMode
 from ocrd.grounding import Block
 from ocrd.markdown import looks_repetitive
 
@@ -40,15 +40,6 @@ class InputFormat(StrEnum):
     tiff = "tiff"
     png = "png"
     jpeg = "jpeg"
-
-
-@dataclass(frozen=True)
-class RenderSettings:
-    """How one document's pages are rasterised: resolution is what the engine pays for."""
-
-    dpi: int = 144
-    max_image_side: int = 2048
-    passwords: tuple[str, ...] = ()  # tried in turn on an encrypted PDF
 
 
 @dataclass(frozen=True)
@@ -113,44 +104,6 @@ class PageText:
     @property
     def finished(self) -> bool:
         return self.finish_reason == "stop"
-
-
-_INBOX_DEFAULTS = InboxConfig.model_fields
-
-
-@dataclass(frozen=True)
-class DocumentSettings:
-    """How one document is recognised and written: an inbox's per-document options."""
-
-    prompt: PromptMode = PromptMode.layout
-    render: RenderSettings = field(default_factory=RenderSettings)
-    figure_dpi: int = 288  # figures are cut from the source at this resolution
-    pdf_text: str = "ocr"  # "prefer": a good text layer stands in for recognition
-    blank_pages: str = "mark"  # keep (recognise them), drop, mark
-    page_separator: str = _INBOX_DEFAULTS["page_separator"].default
-    unfinished_pages: str = "done"  # or "failed": where a document with unfinished pages goes
-    retry_unfinished: bool = True
-    tables: str = "markdown"
-    figures: bool = True
-    layout_file: bool = False
-    keep_raw: bool = False
-    strip_headers_footers: bool = False
-
-    @classmethod
-    def of(cls, inbox: InboxConfig, engine: str | None = None) -> DocumentSettings:
-        """An inbox's settings; `auto` choices resolved for the engine in use."""
-        derived = ("render", "figure_dpi", "pdf_text")
-        copied = {f.name: getattr(inbox, f.name) for f in fields(cls) if f.name not in derived}
-        render = RenderSettings(inbox.dpi, inbox.max_image_side, inbox.passwords)
-        pdf_text = inbox.pdf_text
-        if pdf_text == "auto":  # DeepSeek-OCR-2 gives better structure; RapidOCR does not
-            pdf_text = "prefer" if engine == "rapidocr" else "ocr"
-        return cls(
-            **copied,
-            render=render,
-            figure_dpi=inbox.figure_dpi or 2 * inbox.dpi,
-            pdf_text=pdf_text,
-        )
 
 
 class DocumentFailed(Exception):

@@ -126,7 +126,8 @@ def _rename_noreplace(source: Path, target: Path) -> bool:
     function = _renameat2()
     if function is None:
         return False
-    result = function(AT_FDCWD, os.fsencode(source), AT_FDCWD, os.fsencode(target), 1)
+    flags = RENAME_NOREPLACE
+    result = function(AT_FDCWD, os.fsencode(source), AT_FDCWD, os.fsencode(target), flags)
     if result == 0:
         return True
     code = ctypes.get_errno()

@@ -79,7 +79,8 @@ def clean_label(text: str) -> str:
 def parse_page(raw: str) -> list[Block]:
     """Blocks in the order the model wrote them; text outside any tag is a `text` block."""
     blocks: list[Block] = []
-    label, boxes, content = "text", (), ""
+    boxes: tuple[Box, ...] = ()
+    label, content = "text", ""
     state = "content"  # or "label" (inside ref) or "det" (inside det)
     pending = ""  # text of the tag being read
 

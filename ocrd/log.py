@@ -41,4 +41,5 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
 
 
 def get_logger(**context: object) -> FilteringBoundLogger:
-    return structlog.get_logger("ocrd").bind(**context)
+    logger: FilteringBoundLogger = structlog.get_logger("ocrd").bind(**context)
+    return logger

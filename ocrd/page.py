@@ -169,6 +169,12 @@ def _figure_from_record(value: dict[str, Any], folder: Path) -> Figure | None:
     return Figure(path, int(value["width"]), int(value["height"]), tuple(box), value["source_dpi"])
 
 
+def _pair(value: Any, kind: type[int] | type[float]) -> Any:
+    """Two numbers of a JSON record; ValueError if it is not two."""
+    first, second = value
+    return kind(first), kind(second)
+
+
 class PageJournal:
     """Pages already recognised, appended as they finish, so that a document interrupted at
     page 200 of 300 continues there after a restart instead of at page 1."""
@@ -197,8 +203,8 @@ class PageJournal:
                     number=int(record["page"]),
                     text=raw.text,
                     prompt=raw.prompt,
-                    image_size=tuple(record["image_size"]),  # type: ignore[arg-type]
-                    page_size_pt=tuple(record["page_size_pt"]),  # type: ignore[arg-type]
+                    image_size=_pair(record["image_size"], int),
+                    page_size_pt=_pair(record["page_size_pt"], float),
                     blocks=parse_page(raw.text.text),
                     figures=figures,
                     retried=raw.retried,

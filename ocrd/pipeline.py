@@ -16,19 +16,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ocrd.config import PipelineConfig, PromptMode
+from ocrd import failures
+from ocrd.backoff import Backoff
+from ocrd.config import (
+    BlankPages,
+    DocumentOptions,
+    PdfText,
+    PipelineConfig,
+    PromptMode,
+    UnfinishedPages,
+)
 from ocrd.domain import (
-    DocumentFailed,
     DocumentResult,
-    DocumentSettings,
     InputFormat,
     PageImage,
     PageResult,
     PageSource,
     PageText,
-    Stage,
 )
-from ocrd.engines import Engine, EngineDeadError, EngineError
+from ocrd.engines import Engine, EngineError
 from ocrd.log import FilteringBoundLogger, get_logger
 from ocrd.page import (
     PageJournal,
@@ -39,9 +45,9 @@ from ocrd.page import (
     figure_regions,
     text_layer_page,
 )
-from ocrd.render import Document, RenderError, RenderLimits, RenderPool
+from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile
 from ocrd.schedule import PageBudget, Ticket
-from ocrd.sources import PageRef, Sources, page_files, page_order
+from ocrd.sources import PageRef, SourceKind, Sources, page_files, page_order
 
 
 class Progress:
@@ -61,7 +67,7 @@ class _Run:
     """One document on its way through the pipeline."""
 
     pages: list[PageRef]  # where each page (1-based, by index + 1) comes from
-    settings: DocumentSettings
+    settings: DocumentOptions
     figures: Path | None  # where figures are cut to; None: no figures
     log: FilteringBoundLogger
     journal: PageJournal | None
@@ -103,7 +109,7 @@ class Pipeline:
     async def convert(
         self,
         source: Path | Sources,
-        settings: DocumentSettings,
+        settings: DocumentOptions,
         scratch: Path,
         log: FilteringBoundLogger | None = None,
         journal: PageJournal | None = None,
@@ -122,47 +128,29 @@ class Pipeline:
         started = time.monotonic()
         try:
             files, skipped = await asyncio.to_thread(page_files, sources)
-        except RenderError as error:
-            raise DocumentFailed(
-                Stage.detect, str(error), error_type="UnsupportedInput", code=error.code
-            ) from None
-        except OSError as error:
-            raise DocumentFailed(
-                Stage.detect, f"cannot read the file: {error.strerror}", code="unreadable"
-            ) from None
+        except (RenderError, OSError) as error:
+            raise failures.undetected(error) from None
         if skipped:
             log.warning("document.files_skipped", files=skipped, action="left out of the document")
         if not files:
-            raise DocumentFailed(
-                Stage.detect, "the folder holds no PDF, TIFF, PNG or JPEG file", code="no_pages"
-            )
-        documents = [Document(path, fmt, settings.render) for path, fmt in files]
+            raise failures.no_pages_in_folder()
+        inputs = [SourceFile(path, fmt, settings.render) for path, fmt in files]
         try:
             pages = await self._pages(
-                documents, sources.kind, settings, scratch, log, journal, progress, arrival
+                inputs, sources.kind, settings, scratch, log, journal, progress, arrival
             )
-        except BaseExceptionGroup as group:
-            raise _document_failure(group) from None
-        except RenderError as error:
-            raise DocumentFailed(
-                Stage.render, str(error), error.page, "RenderError", error.code
-            ) from None
-        result = DocumentResult(documents[0].format, pages, time.monotonic() - started)
-        if result.unfinished_pages and settings.unfinished_pages == "failed":
-            raise DocumentFailed(
-                Stage.recognise,
-                f"{_describe_unfinished(result)}; the inbox's unfinished_pages setting is "
-                "'failed' (set it to 'done' to keep such text with a marker)",
-                result.unfinished_pages[0],
-                "UnfinishedPages",
-            )
+        except (BaseExceptionGroup, RenderError) as error:
+            raise failures.of(error) from None
+        result = DocumentResult(inputs[0].format, pages, time.monotonic() - started)
+        if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
+            raise failures.unfinished(result)
         return result
 
     async def _pages(
         self,
-        documents: list[Document],
-        kind: str,
-        settings: DocumentSettings,
+        inputs: list[SourceFile],
+        kind: SourceKind,
+        settings: DocumentOptions,
         scratch: Path,
         log: FilteringBoundLogger,
         journal: PageJournal | None,
@@ -171,19 +159,19 @@ class Pipeline:
     ) -> list[PageResult]:
         figures = scratch if settings.figures else None
         done = await asyncio.to_thread(journal.load, figures) if journal else {}
-        counts = [await self._open(document, len(documents) > 1) for document in documents]
-        refs = [PageRef(documents[i], n) for i, n in page_order(counts, kind == "duplex")]
+        counts = [await self._open(source, len(inputs) > 1) for source in inputs]
+        refs = [PageRef(inputs[i], n) for i, n in page_order(counts, kind is SourceKind.duplex)]
         count = len(refs)
         resumed = {number: page for number, page in done.items() if number <= count}
         progress.pages, progress.done = count, len(resumed)
         log.info(
             "document.opened",
-            format=str(documents[0].format) if len(documents) == 1 else kind,
-            files=len(documents),
+            format=str(inputs[0].format) if len(inputs) == 1 else kind.value,
+            files=len(inputs),
             pages=count,
             resumed_pages=len(resumed),
         )
-        if kind == "duplex" and counts[0] != counts[-1]:
+        if kind is SourceKind.duplex and counts[0] != counts[-1]:
             log.warning(
                 "document.duplex_unequal",
                 fronts=counts[0],
@@ -224,7 +212,7 @@ class Pipeline:
             result = await self._from_text_layer(run, ref, number)
             if result is None:
                 page = await self._render(ref, number)
-                if page.blank and run.settings.blank_pages != "keep":
+                if page.blank and run.settings.blank_pages is not BlankPages.keep:
                     result = blank_page(page.info, run.settings.prompt)
                 else:
                     # The pixels go to the engine and are not held here meanwhile: an
@@ -233,12 +221,13 @@ class Pipeline:
                     del page
                     result = await self._recognise(rendered, ref, run)
             if run.figures is not None and result.source is PageSource.engine:
-                await cut_figures(self.renderers, ref, result, run.settings.figure_dpi, run.figures)
+                dpi = run.settings.figure_resolution
+                await cut_figures(self.renderers, ref, result, dpi, run.figures)
         except RenderError as error:
-            if len({r.document for r in run.pages}) == 1:
+            if len({r.source for r in run.pages}) == 1:
                 raise
             raise RenderError(  # say which of the files, and which page of the document
-                f"{ref.document.path.name}: {error}", page=number, code=error.code
+                f"{ref.source.path.name}: {error}", page=number, code=error.code
             ) from None
         run.ticket.page_done()
         run.progress.page_done()
@@ -263,28 +252,28 @@ class Pipeline:
 
     async def _from_text_layer(self, run: _Run, ref: PageRef, number: int) -> PageResult | None:
         """The page from its PDF text layer, where the inbox prefers that and it is good."""
-        if run.settings.pdf_text != "prefer" or ref.document.format is not InputFormat.pdf:
+        if run.settings.pdf_text is not PdfText.prefer or ref.source.format is not InputFormat.pdf:
             return None
         layer = await self.renderers.text_layer(
-            ref.document, ref.number, running_lines=not run.settings.strip_headers_footers
+            ref.source, ref.number, running_lines=not run.settings.strip_headers_footers
         )
         if not layer.usable:
             run.log.debug("page.text_layer_refused", page=number, reason=layer.reason)
             return None
         return text_layer_page(number, layer, run.settings.prompt)
 
-    async def _open(self, document: Document, one_of_several: bool) -> int:
+    async def _open(self, source: SourceFile, one_of_several: bool) -> int:
         """A file's page count; of a scan job's files, a failure names the file."""
         try:
-            return await self.renderers.open(document)
+            return await self.renderers.open(source)
         except RenderError as error:
             if not one_of_several:
                 raise
-            raise RenderError(f"{document.path.name}: {error}", code=error.code) from None
+            raise RenderError(f"{source.path.name}: {error}", code=error.code) from None
 
     async def _render(self, ref: PageRef, number: int) -> PageImage:
         """Page `number` of the document, rendered from its source page."""
-        return replace(await self.renderers.render(ref.document, ref.number), number=number)
+        return replace(await self.renderers.render(ref.source, ref.number), number=number)
 
     async def _recognise(self, rendered: list[PageImage], ref: PageRef, run: _Run) -> PageResult:
         """The engine's page; `rendered` holds the page's pixels and is emptied as they are
@@ -310,8 +299,10 @@ class Pipeline:
         self, rendered: list[PageImage], ref: PageRef, number: int, prompt: PromptMode, run: _Run
     ) -> PageText:
         """The engine's text for a page; a failed request is retried with backoff."""
-        delay = self.retry_backoff_seconds
-        for attempt in range(1, self.page_retries + 2):
+        waits = Backoff(self.retry_backoff_seconds, attempts=self.page_retries).delays()
+        attempt = 0
+        while True:
+            attempt += 1
             try:  # no local name holds the pixels while the engine has them
                 return await self.engine.recognise(
                     rendered.pop() if rendered else await self._render(ref, number),
@@ -319,7 +310,8 @@ class Pipeline:
                     self.budget.priority(run.ticket),
                 )
             except EngineError as error:
-                if not error.retryable or attempt > self.page_retries:
+                delay = next(waits, None) if error.retryable else None
+                if delay is None:
                     raise EngineError(
                         f"page {number} failed in the engine"
                         + (f" {attempt} times; last: {error}" if attempt > 1 else f": {error}"),
@@ -333,8 +325,6 @@ class Pipeline:
                     retry_in_seconds=delay,
                 )
                 await asyncio.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
 
 
 async def cut_figures(
@@ -346,33 +336,6 @@ async def cut_figures(
         return
     names = [figure_name(page.number, n) for n in range(1, len(regions) + 1)]
     cuts = await renderers.figures(
-        source.document, source.number, list(regions.values()), dpi, folder, names
+        source.source, source.number, list(regions.values()), dpi, folder, names
     )
     page.figures = dict(zip(regions, cuts, strict=True))
-
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    found: list[BaseException] = []
-    for error in group.exceptions:
-        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
-    return found
-
-
-def _document_failure(group: BaseExceptionGroup) -> BaseException:
-    """The one error that decides a document's fate; a dead engine outranks everything."""
-    errors = _leaves(group)
-    for error in errors:
-        if isinstance(error, EngineDeadError):
-            return error
-    error = errors[0]
-    if isinstance(error, RenderError):
-        return DocumentFailed(Stage.render, str(error), error.page, "RenderError", error.code)
-    if isinstance(error, EngineError):
-        return DocumentFailed(Stage.recognise, str(error), error.page, "EngineError")
-    return error  # a bug in ocrd: let it surface with its traceback
-
-
-def _describe_unfinished(result: DocumentResult) -> str:
-    reasons = sorted({result.pages[n - 1].finish_reason for n in result.unfinished_pages})
-    numbers = ", ".join(str(n) for n in result.unfinished_pages)
-    return f"page {numbers} did not finish (finish reason: {', '.join(reasons)})"

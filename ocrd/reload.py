@@ -36,10 +36,6 @@ class ReloadPlan:
     http_changed: bool = False
     refused: list[str] = field(default_factory=list)  # one line each, for the log
 
-    @property
-    def changes(self) -> bool:
-        return bool(self.added or self.removed or self.changed or self.http_changed)
-
 
 def plan_reload(old: Config, new: Config) -> ReloadPlan:
     refused = []

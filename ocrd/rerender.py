@@ -12,10 +12,12 @@ import json
 import tempfile
 from pathlib import Path
 
-from ocrd.domain import DocumentFailed, DocumentResult, DocumentSettings, Stage
+from ocrd import failures
+from ocrd.config import DocumentOptions
+from ocrd.domain import DocumentFailed, DocumentResult
 from ocrd.page import RawPage, text_from_record
 from ocrd.pipeline import cut_figures
-from ocrd.render import Document, RenderError, RenderLimits, RenderPool, detect_format
+from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile, detect_format
 from ocrd.sources import PageRef
 from ocrd.write import OutputFiles, markdown_target, write_document
 
@@ -38,7 +40,7 @@ def read_raw(path: Path) -> dict[int, RawPage]:
 
 
 async def rerender(
-    document: Path, raw: Path, out: Path, settings: DocumentSettings, limits: RenderLimits
+    document: Path, raw: Path, out: Path, settings: DocumentOptions, limits: RenderLimits
 ) -> OutputFiles:
     """Write `<out>/<name>.md` (and its companions) for `document` from `raw`."""
     texts = read_raw(raw)
@@ -46,7 +48,7 @@ async def rerender(
     pool = RenderPool(1, limits, buffer_bytes=side * side * 3)
     try:
         with tempfile.TemporaryDirectory(prefix="ocrd-rerender-") as scratch:
-            source = Document(document, detect_format(document), settings.render)
+            source = SourceFile(document, detect_format(document), settings.render)
             count = await pool.open(source)
             missing = sorted(set(range(1, count + 1)) - texts.keys())
             if missing:
@@ -56,13 +58,16 @@ async def rerender(
                 page = texts[number].result((await pool.render(source, number)).info)
                 if settings.figures:
                     await cut_figures(
-                        pool, PageRef(source, number), page, settings.figure_dpi, Path(scratch)
+                        pool, PageRef(source, number), page, settings.figure_resolution,
+                        Path(scratch),
                     )
                 pages.append(page)
             result = DocumentResult(source.format, pages, 0.0)
             target = markdown_target(out, Path(document.name))
             return write_document(result, settings, target, document.name)
     except RenderError as error:
-        raise DocumentFailed(Stage.render, str(error), error.page, "RenderError") from None
+        failure = failures.of(error)
+        assert isinstance(failure, DocumentFailed)
+        raise failure from None
     finally:
         pool.shutdown()

@@ -18,12 +18,12 @@ finishes, also where vLLM does not preempt a running request for a waiting one.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ocrd.handoff import WaitingLine
 
 SECONDS_PER_PAGE_LEFT = 0.5
 
@@ -36,7 +36,6 @@ class Ticket:
     pages_left: int
     in_flight: int = 0
     sequence: int = 0  # breaks ties of equal arrival: first issued, first served
-    _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     def deadline(self) -> float:
         return self.arrival + SECONDS_PER_PAGE_LEFT * self.pages_left
@@ -56,7 +55,9 @@ class PageBudget:
         self.epoch = clock()
         self._clock = clock
         self._free = size
-        self._waiting: list[Ticket] = []
+        self._line: WaitingLine[None, Ticket] = WaitingLine(
+            pass_on=lambda _, ticket: self.release(ticket), rank=Ticket.fair_share_key
+        )
         self._sequence = itertools.count()
 
     @property
@@ -64,8 +65,9 @@ class PageBudget:
         return self.size - self._free
 
     @property
-    def waiting_documents(self) -> int:
-        return len(self._waiting)
+    def waiting(self) -> int:
+        """Pages waiting for a slot."""
+        return len(self._line)
 
     def ticket(self, pages: int, arrival: float | None = None) -> Ticket:
         arrival = self._clock() if arrival is None else arrival
@@ -77,42 +79,18 @@ class PageBudget:
 
     async def acquire(self, ticket: Ticket) -> None:
         """Wait for a slot for one page of `ticket`'s document."""
-        if self._free > 0 and not self._waiting:
+        if self._free > 0 and not self._line:
             self._grant(ticket)
             return
-        waiter = asyncio.get_running_loop().create_future()
-        ticket._waiters.append(waiter)
-        if len(ticket._waiters) == 1:
-            self._waiting.append(ticket)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release(ticket)  # granted, but cancelled before it woke: pass it on
-            else:
-                self._forget(ticket, waiter)
-            raise
+        await self._line.wait(ticket)
 
     def release(self, ticket: Ticket) -> None:
         """Give back a slot of `ticket`'s document (from a done-callback: always runs)."""
         ticket.in_flight -= 1
         self._free += 1
-        while self._free > 0 and self._waiting:
-            chosen = min(self._waiting, key=Ticket.fair_share_key)
-            waiter = chosen._waiters.pop(0)
-            if not chosen._waiters:
-                self._waiting.remove(chosen)
-            if not waiter.done():
-                self._grant(chosen)
-                waiter.set_result(None)
+        while self._free > 0 and self._line.hand_over(None, self._grant):
+            pass
 
     def _grant(self, ticket: Ticket) -> None:
         self._free -= 1
         ticket.in_flight += 1
-
-    def _forget(self, ticket: Ticket, waiter: asyncio.Future[None]) -> None:
-        with contextlib.suppress(ValueError):
-            ticket._waiters.remove(waiter)
-        if not ticket._waiters:
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(ticket)

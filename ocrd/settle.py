@@ -4,24 +4,22 @@ Every settlement is planned (destinations chosen and saved in the claim) before 
 moves, and each step is durable before the next, so a restart after a crash at any point
 finishes the same settlement instead of starting another: one Markdown file, one original.
 
-Names are planned at one of three levels: as the file was named; made safe for any
-filesystem (an SMB or FAT target refuses `:` or `?`); or flat, the whole relative path in
-one short name (a path too long for the target). A caller that finds its target refusing
-a name plans again one level down; the abandoned plan's files are removed first.
+Names are planned at one of three levels (`Naming`): as the file was named, made safe, or
+flat. A caller that finds its target refusing a name plans again one level down; the
+abandoned plan's files are removed first.
 """
 
 from __future__ import annotations
 
 import filecmp
 import os
-from enum import StrEnum
 from pathlib import Path, PurePath
 from typing import Any
 
 from ocrd import __version__
-from ocrd.claim import Claim, Settlement, now_iso
-from ocrd.config import InboxConfig
-from ocrd.domain import DocumentFailed, DocumentResult, DocumentSettings, Outcome
+from ocrd.claim import Claim, Naming, Settlement, now_iso
+from ocrd.config import DocumentOptions, InboxConfig
+from ocrd.domain import DocumentFailed, DocumentResult, Outcome
 from ocrd.dropped import printable
 from ocrd.files import (
     candidate_names,
@@ -30,20 +28,12 @@ from ocrd.files import (
     json_bytes,
     move_new,
     numbered,
-    release,
-    reserve,
     write_new_file,
 )
 from ocrd.storage import safe_part, safe_relative
 from ocrd.write import discard_outputs, markdown_path, outputs_free, write_document
 
 ERROR_SUFFIX = ".error.json"
-
-
-class Naming(StrEnum):
-    original = "original"
-    safe = "safe"
-    flat = "flat"
 
 
 def named(relative: PurePath, naming: Naming) -> PurePath:
@@ -110,7 +100,7 @@ class Settler:
         self,
         claim: Claim,
         result: DocumentResult,
-        settings: DocumentSettings,
+        settings: DocumentOptions,
         naming: Naming = Naming.original,
     ) -> Settlement:
         # An earlier attempt that planned these names and died (or hit a storage fault)
@@ -175,9 +165,9 @@ class Settler:
         host, never plan the same files); false, holding nothing, where another planner
         holds one of them."""
         claim.plan(settlement)  # first: after a crash the claim knows which names may be ours
-        if _reserve_names(settlement, claim.id):
+        if settlement.reserve(claim.id):
             return True
-        _release_names(settlement, claim.id)
+        settlement.release(claim.id)
         return False
 
     def _reused(self, claim: Claim, outcome: Outcome, naming: Naming) -> Settlement | None:
@@ -188,7 +178,7 @@ class Settler:
             return None
         fits = settlement.outcome == outcome and settlement.naming == naming
         complete = outcome is Outcome.failed or settlement.markdown is not None
-        if fits and complete and _reserve_names(settlement, claim.id):
+        if fits and complete and settlement.reserve(claim.id):
             return settlement
         self._abandon(settlement, claim.id)
         return None
@@ -209,7 +199,7 @@ class Settler:
             discard_outputs(Path(settlement.markdown), with_markdown=True)
         if settlement.error_report is not None and holds(Path(settlement.original), owner):
             Path(settlement.error_report).unlink(missing_ok=True)
-        _release_names(settlement, owner)
+        settlement.release(owner)
 
     def _finish_failed(self, claim: Claim, settlement: Settlement) -> Settlement:
         report = Path(settlement.error_report or report_path(Path(settlement.original)))
@@ -223,7 +213,7 @@ class Settler:
         settlement = claim.state.settlement
         if settlement is None:
             return None
-        if settlement.outcome == Outcome.failed:
+        if settlement.outcome is Outcome.failed:
             return self._finish_failed(claim, settlement)
         if settlement.markdown is None or not Path(settlement.markdown).is_file():
             return None  # died before the Markdown was in place: convert again
@@ -237,19 +227,5 @@ class Settler:
         for source, target in zip(claim.companion_paths, settlement.companions, strict=True):
             _move_original(source, Path(target))
         _move_original(claim.path, Path(settlement.original))
-        _release_names(settlement, claim.id)
+        settlement.release(claim.id)
         claim.release()
-
-
-def _names(settlement: Settlement) -> list[Path]:
-    names = [settlement.markdown, settlement.original, *settlement.companions]
-    return [Path(name) for name in names if name is not None]
-
-
-def _reserve_names(settlement: Settlement, owner: str) -> bool:
-    return all(reserve(name, owner) for name in _names(settlement))
-
-
-def _release_names(settlement: Settlement, owner: str) -> None:
-    for name in _names(settlement):
-        release(name, owner)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES
 from ocrd.domain import InputFormat
 from ocrd.dropped import printable, regular_files
-from ocrd.render import Document, RenderError, detect_format
+from ocrd.render import RenderError, SourceFile, detect_format
 
 
 def natural_key(text: str) -> list[object]:
@@ -45,12 +46,18 @@ def folder_files(folder: Path) -> tuple[list[Path], list[str]]:
     return found, skipped
 
 
+class SourceKind(StrEnum):
+    file = "file"
+    folder = "folder"  # a scan job
+    duplex = "duplex"  # fronts, then backs
+
+
 @dataclass(frozen=True)
 class Sources:
     """The files a document is made of, in order, and how they make its pages."""
 
     files: tuple[Path, ...]
-    kind: str = "file"  # "file"; "folder": a scan job; "duplex": fronts, then backs
+    kind: SourceKind = SourceKind.file
     skipped: tuple[str, ...] = ()  # a job folder's entries that are no files, described
 
     @classmethod
@@ -59,9 +66,9 @@ class Sources:
         Blocking (a folder is listed)."""
         if original.is_dir() and not original.is_symlink():
             files, skipped = folder_files(original)
-            return cls(tuple(files), "folder", tuple(skipped))
+            return cls(tuple(files), SourceKind.folder, tuple(skipped))
         if companions:
-            return cls((original, *companions), "duplex")
+            return cls((original, *companions), SourceKind.duplex)
         return cls((original,))
 
 
@@ -69,7 +76,7 @@ class Sources:
 class PageRef:
     """Where one page of a document comes from: a page of one of its files."""
 
-    document: Document
+    source: SourceFile
     number: int  # 1-based, within that file
 
 
@@ -95,7 +102,7 @@ def page_files(sources: Sources) -> tuple[list[tuple[Path, InputFormat]], list[s
         try:
             readable.append((path, detect_format(path)))
         except RenderError as error:
-            if sources.kind != "folder":
+            if sources.kind is not SourceKind.folder:
                 raise
             skipped.append(f"{printable(path.name)}: {error}")
     return readable, skipped

@@ -88,6 +88,15 @@ class StatusReport(BaseModel):
     finished: list[FinishedDocument]  # the latest last
     history: list[tuple[float, float]]  # (minute start, pages a second) over the last hour
 
+    @classmethod
+    def loading(cls, version: str) -> StatusReport:
+        """The report while the engine loads, before anything is served."""
+        return cls(
+            version=version, engine="loading", engine_state="loading", ready=False,
+            problems=["the engine is loading"], pages_per_second=0.0, documents_in_flight=0,
+            pages_in_flight=0, inboxes=[], finished=[], history=[],
+        )  # fmt: skip
+
 
 def eta(pages: int | None, done: int, seconds: float) -> float | None:
     """Seconds left at the document's own pace so far; None until a page is done."""

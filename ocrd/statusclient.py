@@ -67,11 +67,11 @@ def format_status(report: StatusReport) -> str:
             lines.append(f"  ... and {inbox.waiting_count - 10} more waiting")
     if report.finished:
         lines.append("finished lately:")
-    for document in list(reversed(report.finished))[:10]:
-        when = time.strftime("%H:%M:%S", time.localtime(document.finished_at))
-        detail = document.reason if document.outcome.value == "failed" else document.markdown
+    for finished in list(reversed(report.finished))[:10]:
+        when = time.strftime("%H:%M:%S", time.localtime(finished.finished_at))
+        detail = finished.reason if finished.outcome.value == "failed" else finished.markdown
         lines.append(
-            f"  {when} {document.outcome.value:6} {document.path} "
-            f"({document.pages} pages, {document.seconds:.1f} s): {detail}"
+            f"  {when} {finished.outcome.value:6} {finished.path} "
+            f"({finished.pages} pages, {finished.seconds:.1f} s): {detail}"
         )
     return "\n".join(lines)

@@ -2,16 +2,16 @@
 
 Events come from watchdog (inotify, or polling for SMB/NFS mounts where inotify is silent),
 from a scan at start-up and from a periodic rescan that catches whatever events missed.
-An event only makes a path a candidate; a candidate is ready once two looks at it
-`settle_seconds` apart found the same size, mtime and inode, so a scanner or a slow copy is
-never read half-written. A folder whose name matches the inbox's `job_folders` is a scan
-job: it is one candidate (an event for any file in it is an event for the folder), and it
-is ready once it holds files and none of them (their number, sizes, mtimes) changed for
-`settle_seconds`.
+An event only makes a path a candidate; a candidate is ready once it has been quiet: two
+looks at it `settle_seconds` apart found the same size, mtime and inode, so a scanner or a
+slow copy is never read half-written. A folder whose name matches the inbox's
+`job_folders` is a scan job: it is one candidate (an event for any file in it is an event
+for the folder), and it is ready once it holds files and none of them (their number, sizes,
+mtimes) changed for `settle_seconds`.
 
 Nothing here blocks the event loop: the daemon asks which candidates are due for a look,
 stats them in a thread, and hands the results back. A candidate is looked at only when an
-event arrived for it or its settle time is up, not every tick. A file whose stat fails with
+event arrived for it or its quiet time is up, not every tick. A file whose stat fails with
 an OS error (EIO, ESTALE on a network share) is logged once and looked at again later.
 """
 
@@ -28,6 +28,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path, PurePath
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -35,19 +36,26 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
+from ocrd.backoff import Backoff
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, InboxConfig
 from ocrd.dropped import Identity, link_on_the_way, printable
 from ocrd.log import get_logger
 
-STAT_RETRY_FIRST_SECONDS = 1.0
-STAT_RETRY_MAX_SECONDS = 60.0
+STAT_RETRY = Backoff(first=1.0, cap=60.0)
+
+
+class EntryKind(StrEnum):
+    file = "file"
+    folder = "folder"  # a scan job's folder
+    link = "link"  # a symbolic link, or a path through a linked folder
+    other = "other"  # a FIFO, a socket, a device
 
 
 @dataclass(frozen=True)
 class Look:
     """What one look at a candidate found."""
 
-    kind: str  # "file", "folder" (a job folder), "link" or "other"
+    kind: EntryKind
     signature: tuple[int, ...] = ()  # changes whenever the candidate's content does
     files: int = 1  # files in a job folder
     identity: Identity | None = None  # which file (or folder) it is
@@ -118,12 +126,13 @@ def look_at(path: Path, inbox: Path) -> Look:
     through a linked folder is a link: it leads out of what was dropped. Blocking."""
     info = path.lstat()
     if stat.S_ISLNK(info.st_mode) or link_on_the_way(inbox, path) is not None:
-        return Look("link")
+        return Look(EntryKind.link)
     identity = Identity.of(info)
     if stat.S_ISREG(info.st_mode):
-        return Look("file", (info.st_size, info.st_mtime_ns, info.st_ino), identity=identity)
+        signature = (info.st_size, info.st_mtime_ns, info.st_ino)
+        return Look(EntryKind.file, signature, identity=identity)
     if not stat.S_ISDIR(info.st_mode):
-        return Look("other")
+        return Look(EntryKind.other)
     files, size, latest = 0, 0, info.st_mtime_ns
     for root, folders, names in os.walk(path):
         latest = max(latest, os.lstat(root).st_mtime_ns)
@@ -132,7 +141,7 @@ def look_at(path: Path, inbox: Path) -> Look:
             entry = os.lstat(os.path.join(root, name))
             files, size = files + 1, size + entry.st_size
             latest = max(latest, entry.st_mtime_ns)
-    return Look("folder", (files, size, latest, info.st_ino), files, identity)
+    return Look(EntryKind.folder, (files, size, latest, info.st_ino), files, identity)
 
 
 def stat_all(paths: Iterable[Path], inbox: Path) -> dict[Path, StatOutcome]:
@@ -165,7 +174,7 @@ class Ready:
     identity: Identity | None = None  # the file that settled: the one to claim
 
 
-class SettleTracker:
+class QuietTracker:
     """Candidates of one inbox until they have been quiet for `settle_seconds`."""
 
     def __init__(self, inbox: InboxConfig, clock: Callable[[], float] = time.monotonic) -> None:
@@ -209,7 +218,7 @@ class SettleTracker:
                 paths[path] = None
         return list(paths)
 
-    def settle(self, outcomes: dict[Path, StatOutcome]) -> list[Ready]:
+    def ready(self, outcomes: dict[Path, StatOutcome]) -> list[Ready]:
         """Take the stats of `due()`'s paths; the candidates that are ready leave the tracker."""
         now = self.clock()
         ready = []
@@ -232,13 +241,14 @@ class SettleTracker:
             if outcome.signature != candidate.signature:
                 candidate.signature, candidate.stable_since = outcome.signature, now
             candidate.identity = outcome.identity
-            empty = outcome.kind == "folder" and outcome.files == 0  # a job not yet begun
+            folder = outcome.kind is EntryKind.folder
+            empty = folder and outcome.files == 0  # a job not yet begun
             if empty and now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self.log.info("file.skipped", path=str(path), reason="an empty job folder")
                 self._forget(path)
             elif not empty and now - candidate.stable_since >= self.inbox.settle_seconds:
                 self._forget(path)
-                folder, identity = outcome.kind == "folder", outcome.identity
+                identity = outcome.identity
                 ready.append(Ready(path, candidate.first_seen, folder=folder, identity=identity))
             elif now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self._forget(path)
@@ -252,9 +262,7 @@ class SettleTracker:
 
     def _stat_failed(self, path: Path, candidate: _Candidate, error: OSError, now: float) -> None:
         candidate.failures += 1
-        delay = min(
-            STAT_RETRY_FIRST_SECONDS * 2 ** (candidate.failures - 1), STAT_RETRY_MAX_SECONDS
-        )
+        delay = STAT_RETRY.nth(candidate.failures)
         if candidate.failures == 1:
             self.log.warning(
                 "file.stat_failed",
@@ -271,14 +279,14 @@ class SettleTracker:
 
     def _is_page_source(self, path: Path, look: Look) -> bool:
         """A regular file, or a job folder; symlinks and the like are left alone."""
-        if look.kind == "file":
+        if look.kind is EntryKind.file:
             return True
-        if look.kind == "folder":
+        if look.kind is EntryKind.folder:
             relative = path.relative_to(self.inbox.path)
             return job_folder_of(relative, self.inbox, True) == relative
         if path not in self._warned:  # once per path
             self._warned.add(path)
-            kind = "a symbolic link" if look.kind == "link" else "not a regular file"
+            kind = "a symbolic link" if look.kind is EntryKind.link else "not a regular file"
             self.log.warning(
                 "file.skipped",
                 path=printable(str(path)),

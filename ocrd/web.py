@@ -38,18 +38,13 @@ from ocrd.log import get_logger
 from ocrd.metrics import CONTENT_TYPE, Metrics
 from ocrd.status import StatusReport
 from ocrd.statuspage import render
+from ocrd.supervise import Liveness
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 36\r\nRetry-After: 5\r\n\r\nocrd: too many connections; retry.\r\n"
 )
-
-
-@dataclass
-class Liveness:
-    alive: bool
-    seconds_since_tick: float
 
 
 @dataclass
@@ -159,10 +154,31 @@ class WebServer:
         self.liveness = liveness
         self.metrics = metrics
         self.address: str | None = None
+        self.problem: str | None = None  # why it is not serving, for the status line
         self.token = os.environ.get(config.token_env) or None
         self.limits = ConnectionLimits(config.max_connections, config.header_timeout_seconds)
         self.log = get_logger()
         self._runner: web.AppRunner | None = None
+
+    async def serve(self, config: HttpConfig | None = None) -> None:
+        """Serve under `config` (the one it has, or a reloaded one), starting early so that
+        /healthz and /readyz answer while the engine loads. A port that is taken costs the
+        HTTP server only: OCR goes on, and the status line says why."""
+        await self.stop()
+        if config is not None:
+            self.config = config
+            self.token = os.environ.get(config.token_env) or None
+            self.limits = ConnectionLimits(config.max_connections, config.header_timeout_seconds)
+        if not self.config.enabled:
+            return
+        try:
+            address = await self.start()
+        except OSError as error:
+            self.problem = f"HTTP server not started on {self.config.listen}: {error}"
+            self.log.error("http.failed", error=self.problem)
+            return
+        self.problem = None
+        self.log.info("http.listening", address=address, url=f"http://{address}/")
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_one_request_per_connection, self._authorise])

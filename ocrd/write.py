@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import quote
 
 from ocrd import __version__
-from ocrd.domain import DocumentResult, DocumentSettings, Figure, PageResult, PageSource
+from ocrd.config import BlankPages, DocumentOptions
+from ocrd.domain import DocumentResult, Figure, PageResult, PageSource
 from ocrd.files import (
     fsync_dir,
     link_or_copy,
@@ -30,7 +31,6 @@ from ocrd.grounding import Block
 from ocrd.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
 from ocrd.page import figure_box_px, page_record
 
-COMPANIONS = (".assets", ".layout.json", ".raw.jsonl")
 BLANK_MARKER = "*(blank page)*"
 UNFINISHED_MARKER = (
     "> **ocrd:** page {page} is incomplete: the engine stopped it before its end "
@@ -91,14 +91,14 @@ def figure_links(page: PageResult, assets: str) -> dict[int, str]:
     return {index: f"{folder}/{quote(figure.path.name)}" for index, figure in page.figures.items()}
 
 
-def render_markdown(result: DocumentResult, settings: DocumentSettings, assets: str) -> str:
+def render_markdown(result: DocumentResult, settings: DocumentOptions, assets: str) -> str:
     """Pages in order; an unfinished page keeps its text, followed by a visible marker."""
     pages = [
         page_markdown(page.blocks, settings.tables, figure_links(page, assets))
         for page in result.pages
     ]
     for index, page in enumerate(result.pages):
-        if page.source is PageSource.blank and settings.blank_pages == "mark":
+        if page.source is PageSource.blank and settings.blank_pages is BlankPages.mark:
             pages[index] = BLANK_MARKER
     if settings.strip_headers_footers:
         pages = strip_running_lines(pages)
@@ -187,7 +187,7 @@ def _place_figures(result: DocumentResult, assets: Path) -> None:
 
 
 def write_document(
-    result: DocumentResult, settings: DocumentSettings, markdown: Path, source: str
+    result: DocumentResult, settings: DocumentOptions, markdown: Path, source: str
 ) -> OutputFiles:
     """Write the companions, then the Markdown (which must not exist yet)."""
     files = OutputFiles(markdown)

@@ -62,7 +62,10 @@ def test_a_fleet_that_goes_away_twice_fails_nothing(
     assert fleet.dropped > 0  # the outages really cut requests off
     assert {event["outcome"] for event in finished} == {"done"}
     assert not daemon.find("page.engine_error") and not daemon.find("engine.dead")
-    [unreachable, _] = daemon.find("engine.unreachable")
+    # Two outages; on a loaded machine a request cut off by the first may mark the fleet
+    # down once more just after it came back, which is an outage too.
+    unreachable, *_ = daemon.find("engine.unreachable")
+    assert len(daemon.find("engine.unreachable")) >= 2
     assert "since" in unreachable and fleet.url in unreachable["error"]
     data = tmp_path / "data"
     assert len(markdown_under(data / "outbox")) == 8

@@ -14,8 +14,8 @@ import pymupdf
 import pytest
 from PIL import Image, ImageDraw
 
-from ocrd.config import InboxConfig, PipelineConfig, RapidOcrConfig, SimulatedConfig
-from ocrd.domain import DocumentFailed, DocumentResult, DocumentSettings, PageSource
+from ocrd.config import DocumentOptions, PipelineConfig, RapidOcrConfig, SimulatedConfig
+from ocrd.domain import DocumentFailed, DocumentResult, PageSource
 from ocrd.engines.rapidocr import RapidOcrEngine
 from ocrd.engines.simulated import SimulatedEngine
 from ocrd.pipeline import Pipeline
@@ -34,7 +34,7 @@ def word_recall(found: str, reference: str) -> float:
     return sum((words(found) & expected).values()) / max(1, sum(expected.values()))
 
 
-def convert(engine, paths: list[Path], settings: DocumentSettings, scratch: Path) -> list:  # type: ignore[no-untyped-def]
+def convert(engine, paths: list[Path], settings: DocumentOptions, scratch: Path) -> list:  # type: ignore[no-untyped-def]
     async def run() -> list:
         await engine.start()
         pipeline = Pipeline.create(engine, PipelineConfig(render_workers=2))
@@ -50,7 +50,7 @@ def convert(engine, paths: list[Path], settings: DocumentSettings, scratch: Path
     return asyncio.run(run())
 
 
-def markdown_of(result: DocumentResult, settings: DocumentSettings) -> str:
+def markdown_of(result: DocumentResult, settings: DocumentOptions) -> str:
     return render_markdown(result, settings, "assets")
 
 
@@ -61,13 +61,13 @@ def test_born_digital_pages_come_from_their_text_layer_with_every_word(
     PDFs arrives, and tables stay tables; recognising their pixels with RapidOCR instead
     loses words (both measured here, side by side)."""
     paths = [corpus / "olmocr-bench" / "pdfs" / name for name in BORN_DIGITAL]
-    inbox = InboxConfig(path=tmp_path)
-    preferred = DocumentSettings.of(inbox, "rapidocr")
+    inbox = DocumentOptions()
+    preferred = inbox.for_engine("rapidocr")
     assert preferred.pdf_text == "prefer"
-    assert DocumentSettings.of(inbox, "vllm").pdf_text == "ocr"
+    assert inbox.for_engine("vllm").pdf_text == "ocr"
     engine = RapidOcrEngine(RapidOcrConfig())
     from_text = convert(engine, paths, preferred, tmp_path)
-    forced = DocumentSettings.of(inbox.model_copy(update={"pdf_text": "ocr"}), "rapidocr")
+    forced = inbox.model_copy(update={"pdf_text": "ocr"}).for_engine("rapidocr")
     from_pixels = convert(RapidOcrEngine(RapidOcrConfig()), paths, forced, tmp_path / "ocr")
 
     recalls = {}
@@ -116,7 +116,7 @@ def test_untrustworthy_text_layers_are_recognised_instead(corpus: Path, tmp_path
         corpus / "olmocr-bench" / "pdfs" / "test-graphical-text.pdf",  # images over the page
         unmapped_glyphs(tmp_path / "unmapped.pdf"),
     ]
-    settings = DocumentSettings(pdf_text="prefer")
+    settings = DocumentOptions(pdf_text="prefer")
     engine = SimulatedEngine(SimulatedConfig(seconds_per_page=0.0))
     results = convert(engine, paths, settings, tmp_path)
     for path, result in zip(paths, results, strict=True):
@@ -159,16 +159,16 @@ def test_blank_pages_are_not_sent_to_the_engine_but_nearly_blank_ones_are(
         corpus / "scans" / "multipage-scan.tif",
     ]
     engine = SimulatedEngine(SimulatedConfig(seconds_per_page=0.0))
-    marked = DocumentSettings(blank_pages="mark")
+    marked = DocumentOptions(blank_pages="mark")
     book, back, pages, scans = convert(engine, paths, marked, tmp_path)
     assert book.blank_pages == [1] and back.blank_pages == [1]
     assert pages.blank_pages == [3]  # "Notes" and a lone page number are content
     assert scans.blank_pages == []
     assert markdown_of(book, marked).strip() == BLANK_MARKER
-    dropped = DocumentSettings(blank_pages="drop")
+    dropped = DocumentOptions(blank_pages="drop")
     assert len(markdown_of(book, dropped)) <= 10  # olmOCR-Bench's test for this page
     kept = convert(SimulatedEngine(SimulatedConfig(seconds_per_page=0.0)), paths[:1],
-                   DocumentSettings(blank_pages="keep"), tmp_path / "keep")  # fmt: skip
+                   DocumentOptions(blank_pages="keep"), tmp_path / "keep")  # fmt: skip
     assert kept[0].blank_pages == [] and "Simulated page 1" in markdown_of(kept[0], marked)
 
 
@@ -181,7 +181,7 @@ def test_figures_are_cut_from_the_source_at_its_resolution(corpus: Path, tmp_pat
     ImageDraw.Draw(image).rectangle((400, 600, 2100, 1380), outline="black", width=12)
     image.save(photo)
     scan = corpus / "real" / "ocrmypdf__linn.pdf"  # a 2550x3300 page image (300 DPI)
-    settings = DocumentSettings(layout_file=True)
+    settings = DocumentOptions(layout_file=True)
     engine = SimulatedEngine(SimulatedConfig(seconds_per_page=0.0))
     photo_result, scan_result = convert(engine, [photo, scan], settings, tmp_path)
 
@@ -218,9 +218,9 @@ def test_preferring_the_layer_keeps_every_page_and_its_order(tmp_path: Path) -> 
             page.insert_text((72, 130 + 20 * line), body, fontsize=10)
     doc.save(pdf)
     engine = SimulatedEngine(SimulatedConfig(seconds_per_page=0.0))
-    [result] = convert(engine, [pdf], DocumentSettings(pdf_text="prefer"), tmp_path)
+    [result] = convert(engine, [pdf], DocumentOptions(pdf_text="prefer"), tmp_path)
     assert not isinstance(result, DocumentFailed)
     assert result.text_layer_pages == [1, 2, 3, 4]
-    text = markdown_of(result, DocumentSettings())
+    text = markdown_of(result, DocumentOptions())
     assert [int(n) for n in re.findall(r"Page (\d)", text)] == [1, 2, 3, 4]
     assert "Simulated page" not in text

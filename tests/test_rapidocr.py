@@ -9,8 +9,8 @@ from pathlib import Path
 from PIL import Image
 
 from ocrd.config import PromptMode, RapidOcrConfig
+from ocrd.domain import PageImage
 from ocrd.engines.rapidocr import RapidOcrEngine, TextLine, lines_to_markdown
-from ocrd.render import PageImage
 
 
 def words(text: str) -> list[str]:

@@ -13,12 +13,13 @@ import pytest
 from helpers import make_pdf
 from PIL import Image
 
-from ocrd.domain import InputFormat, RenderSettings
-from ocrd.render import Document, RenderError, RenderLimits, RenderPool, detect_format
+from ocrd.config import RenderSettings
+from ocrd.domain import InputFormat
+from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile, detect_format
 
 
-def document(path: Path, settings: RenderSettings | None = None) -> Document:
-    return Document(path, detect_format(path), settings or RenderSettings())
+def document(path: Path, settings: RenderSettings | None = None) -> SourceFile:
+    return SourceFile(path, detect_format(path), settings or RenderSettings())
 
 
 def render_all(path: Path, settings: RenderSettings | None = None):

@@ -9,17 +9,16 @@ from pathlib import Path
 from conftest import files_under
 
 from ocrd.claim import WorkArea
-from ocrd.config import InboxConfig, PromptMode
+from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
+from ocrd.domain import DocumentFailed, DocumentResult, InputFormat
 from ocrd.engines.base import PageText
 from ocrd.grounding import Block
 from ocrd.page import PageResult
-from ocrd.pipeline import DocumentFailed, DocumentResult, DocumentSettings
-from ocrd.render import InputFormat
 from ocrd.settle import Settler
 
 
 def setup(tmp_path: Path) -> tuple[InboxConfig, WorkArea, Settler]:
-    inbox = InboxConfig(path=tmp_path / "inbox").derived(tmp_path)
+    inbox = InboxEntry(path=tmp_path / "inbox").located(tmp_path)
     for folder in (inbox.path, inbox.outbox, inbox.done, inbox.failed, inbox.work):
         folder.mkdir(parents=True)
     return inbox, WorkArea(inbox.path, inbox.work), Settler(inbox, "simulated")
@@ -51,7 +50,7 @@ def test_done_writes_markdown_then_moves_the_original(tmp_path: Path) -> None:
     inbox, work, settler = setup(tmp_path)
     (inbox.path / "a.pdf").write_bytes(b"pdf")
     claim = work.claim(inbox.path / "a.pdf")
-    settler.done(claim, result("# A"), DocumentSettings())
+    settler.done(claim, result("# A"), DocumentOptions())
     assert (inbox.outbox / "a.md").read_text() == "# A\n"
     assert files_under(inbox.done) == ["a.pdf"]
     assert files_under(inbox.work) == [] and not any(inbox.work.iterdir())
@@ -71,7 +70,7 @@ def test_restart_after_markdown_was_written_settles_without_a_second_copy(tmp_pa
     inbox, work, settler = setup(tmp_path)
     (inbox.path / "a.pdf").write_bytes(b"pdf")
     claim = work.claim(inbox.path / "a.pdf")
-    settler.done(claim, result("# A"), DocumentSettings())
+    settler.done(claim, result("# A"), DocumentOptions())
     # Put the state back to "Markdown written, original not yet moved", as a kill would leave it.
     os.rename(inbox.done / "a.pdf", claim.path.parent.mkdir(parents=True) or claim.path)
     claim.save()
@@ -88,7 +87,7 @@ def test_restart_after_the_original_was_linked_but_not_unlinked(tmp_path: Path) 
     inbox, work, settler = setup(tmp_path)
     (inbox.path / "a.pdf").write_bytes(b"pdf")
     claim = work.claim(inbox.path / "a.pdf")
-    settler.done(claim, result("# A"), DocumentSettings())
+    settler.done(claim, result("# A"), DocumentOptions())
     claim.path.parent.mkdir(parents=True, exist_ok=True)
     os.link(inbox.done / "a.pdf", claim.path)  # both names exist, as after a kill mid-move
     claim.save()
@@ -103,7 +102,7 @@ def test_restart_before_markdown_was_in_place_converts_again(tmp_path: Path) -> 
     inbox, work, settler = setup(tmp_path)
     (inbox.path / "a.pdf").write_bytes(b"pdf")
     claim = work.claim(inbox.path / "a.pdf")
-    settler.done(claim, result("# A"), DocumentSettings())
+    settler.done(claim, result("# A"), DocumentOptions())
     (inbox.outbox / "a.md").unlink()
     claim.path.parent.mkdir(parents=True, exist_ok=True)
     os.rename(inbox.done / "a.pdf", claim.path)

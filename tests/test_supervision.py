@@ -16,6 +16,8 @@ from conftest import NotifySocket, write_config
 
 from ocrd.config import load_config
 from ocrd.daemon import EXIT_FATAL, Daemon
+from ocrd.dispatch import Dispatcher
+from ocrd.intake import Intake, Job
 
 
 async def wait_for(condition, seconds: float, what: str) -> None:
@@ -30,16 +32,16 @@ def test_an_unexpected_error_in_the_loop_exits_70_with_its_traceback(
 ) -> None:
     config = load_config(write_config(tmp_path))
     ticks = 0
-    original = Daemon.dispatch
+    original = Dispatcher.dispatch
 
-    async def failing_dispatch(self: Daemon) -> None:
+    async def failing_dispatch(self: Dispatcher) -> None:
         nonlocal ticks
         ticks += 1
         if ticks == 5:
             raise RuntimeError("a bug in dispatching")
         await original(self)
 
-    monkeypatch.setattr(Daemon, "dispatch", failing_dispatch)
+    monkeypatch.setattr(Dispatcher, "dispatch", failing_dispatch)
     with structlog.testing.capture_logs() as logs:
         code = asyncio.run(Daemon(config).run())
     assert code == EXIT_FATAL
@@ -59,14 +61,14 @@ def test_watchdog_pings_stop_while_the_loop_is_stuck_and_resume_after(
     config = load_config(write_config(tmp_path))
     stuck = threading.Event()
     release = threading.Event()
-    original = Daemon.collect_ready_files
+    original = Intake.collect
 
-    async def collect(self: Daemon) -> None:
+    async def collect(self: Intake) -> list[Job]:
         if stuck.is_set():  # a stat that hangs, as on a hard-mounted NFS share
             await asyncio.to_thread(release.wait)
-        await original(self)
+        return await original(self)
 
-    monkeypatch.setattr(Daemon, "collect_ready_files", collect)
+    monkeypatch.setattr(Intake, "collect", collect)
 
     def pings() -> int:
         return sum(m == "WATCHDOG=1" for m in notify.messages)

@@ -11,11 +11,11 @@ from helpers import repeated_ngrams
 from PIL import Image
 from tiny_model import vllm_engine_section
 
-from ocrd.config import EngineConfig, PromptMode
-from ocrd.domain import PageImage, RenderSettings
+from ocrd.config import EngineConfig, PromptMode, RenderSettings
+from ocrd.domain import PageImage
 from ocrd.engines.deepseek import PROMPTS
 from ocrd.engines.vllm import VllmEngine
-from ocrd.render import Document, RenderLimits, RenderPool, detect_format
+from ocrd.render import RenderLimits, RenderPool, SourceFile, detect_format
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -72,7 +72,7 @@ def render_a4_page(folder: Path, settings: RenderSettings) -> Image.Image:
 
     async def render() -> Image.Image:
         pool = RenderPool(1, RenderLimits())
-        document = Document(path, detect_format(path), settings)
+        document = SourceFile(path, detect_format(path), settings)
         try:
             await pool.open(document)
             return (await pool.render(document, 1)).image

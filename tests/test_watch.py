@@ -10,19 +10,19 @@ from pathlib import Path, PurePath
 import pytest
 from structlog.testing import capture_logs
 
-from ocrd.config import InboxConfig
-from ocrd.watch import InboxWatcher, Ready, SettleTracker, is_candidate_name, stat_all
+from ocrd.config import InboxConfig, InboxEntry
+from ocrd.watch import InboxWatcher, QuietTracker, Ready, is_candidate_name, stat_all
 
 
-def look(tracker: SettleTracker) -> list[Ready]:
+def look(tracker: QuietTracker) -> list[Ready]:
     """One tick of the daemon: stat the candidates that are due, then settle them."""
-    return tracker.settle(stat_all(tracker.due(), tracker.inbox.path))
+    return tracker.ready(stat_all(tracker.due(), tracker.inbox.path))
 
 
 def inbox_config(path: Path, **overrides: object) -> InboxConfig:
-    return InboxConfig(
+    return InboxEntry(
         path=path, settle_seconds=0.6, poll_interval_seconds=0.2, **overrides
-    ).derived(path)
+    ).located(path)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_include_ignore_and_recursion(tmp_path: Path) -> None:
 async def collect_ready(config: InboxConfig, actions, seconds: float) -> list[Path]:
     """Run a real watcher and settle tracker while `actions` changes the inbox."""
     loop = asyncio.get_running_loop()
-    tracker = SettleTracker(config)
+    tracker = QuietTracker(config)
     watcher = InboxWatcher(config, loop, tracker.observe)
     ready: list[Path] = []
     await watcher.start()
@@ -125,7 +125,7 @@ def test_a_file_written_slowly_is_ready_only_after_it_stops_changing(tmp_path: P
 
     async def run() -> list[Path]:
         loop = asyncio.get_running_loop()
-        tracker = SettleTracker(config)
+        tracker = QuietTracker(config)
         watcher = InboxWatcher(config, loop, tracker.observe)
         await watcher.start()
         ready: list[Path] = []
@@ -174,7 +174,7 @@ def test_a_file_replaced_by_another_of_the_same_size_and_mtime_settles_again(
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     now = [0.0]
-    tracker = SettleTracker(inbox_config(inbox), clock=lambda: now[0])
+    tracker = QuietTracker(inbox_config(inbox), clock=lambda: now[0])
     path = inbox / "scan.pdf"
     path.write_bytes(b"%PDF-1.4 first ")
     stamp = path.stat().st_mtime_ns
@@ -195,7 +195,7 @@ def test_a_file_that_never_stops_growing_is_given_up_on(tmp_path: Path) -> None:
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     now = [0.0]
-    tracker = SettleTracker(inbox_config(inbox, max_settle_wait_seconds=3), clock=lambda: now[0])
+    tracker = QuietTracker(inbox_config(inbox, max_settle_wait_seconds=3), clock=lambda: now[0])
     path = inbox / "endless.pdf"
     tracker.observe(path)
     for step in range(1, 8):
@@ -215,7 +215,7 @@ def test_a_file_whose_stat_fails_is_skipped_and_looked_at_again(tmp_path: Path) 
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     now = [0.0]
-    tracker = SettleTracker(inbox_config(inbox), clock=lambda: now[0])
+    tracker = QuietTracker(inbox_config(inbox), clock=lambda: now[0])
     flaky, fine = inbox / "flaky.pdf", inbox / "fine.pdf"
     for path in (flaky, fine):
         path.write_bytes(b"%PDF-1.4")
@@ -229,7 +229,7 @@ def test_a_file_whose_stat_fails_is_skipped_and_looked_at_again(tmp_path: Path) 
             outcomes = stat_all(due, inbox)
             if flaky in outcomes and now[0] < 4.0:
                 outcomes[flaky] = eio  # the share answers EIO for four seconds
-            ready += [r.path for r in tracker.settle(outcomes)]
+            ready += [r.path for r in tracker.ready(outcomes)]
     assert ready[0] == fine and ready[1:] == [flaky]
     failed = [e for e in events if e["event"] == "file.stat_failed"]
     assert len(failed) == 1 and "EIO" in failed[0]["error"]

@@ -11,15 +11,15 @@ its path. Creating users and mounting need root, as CI has.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,18 +94,32 @@ def _system_python() -> str:
 
 @contextmanager
 def service_runtime() -> Iterator[Runtime]:
-    """The checkout bind-mounted where anyone may enter it, for the service user."""
+    """The checkout (and the venv's packages, where the venv lies elsewhere) bind-mounted
+    where anyone may enter them, for the service user."""
     ensure_users()
-    mount = Path(tempfile.mkdtemp(prefix="ocrd-checkout-"))
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    packages = Path(sys.prefix, "lib", version, "site-packages")
+    with ExitStack() as mounts:
+        checkout = mounts.enter_context(_visible(CHECKOUT))
+        if packages.is_relative_to(CHECKOUT):
+            site = checkout / packages.relative_to(CHECKOUT)
+        else:
+            site = mounts.enter_context(_visible(packages))
+        yield Runtime(_system_python(), f"{checkout}:{site}")
+
+
+@contextmanager
+def _visible(folder: Path) -> Iterator[Path]:
+    """`folder` bind-mounted at a path every user may traverse."""
+    mount = Path(tempfile.mkdtemp(prefix="ocrd-visible-"))
     os.chmod(mount, 0o755)
-    _run("mount", "--bind", str(CHECKOUT), str(mount))
+    _run("mount", "--bind", str(folder), str(mount))
     try:
-        purelib = Path(sys.prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}")
-        site = mount / Path(purelib, "site-packages").relative_to(CHECKOUT)
-        yield Runtime(_system_python(), f"{mount}:{site}")
+        yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-        shutil.rmtree(mount, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            mount.rmdir()  # never rmtree: if the unmount failed, that would empty `folder`
 
 
 def shared_data(root: Path) -> Path:

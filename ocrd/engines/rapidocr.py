@@ -75,7 +75,9 @@ def _gaps(spans: list[tuple[float, float]], min_gap: float) -> list[float]:
     return cuts
 
 
-def _split(lines: list[TextLine], cuts: list[float], key: Callable[[TextLine], float]) -> list:
+def _split(
+    lines: list[TextLine], cuts: list[float], key: Callable[[TextLine], float]
+) -> list[list[TextLine]]:
     parts: list[list[TextLine]] = [[] for _ in range(len(cuts) + 1)]
     for line in lines:
         parts[bisect.bisect(cuts, key(line))].append(line)

@@ -49,8 +49,7 @@ class SimulatedEngine:
 
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         started = time.monotonic()
-        if self.health.state is EngineState.dead:
-            raise EngineDeadError(f"the simulated engine died: {self.health.problem}")
+        self._raise_if_dead()
         # What it needs of the pixels is taken at once, as a real engine turns a page into
         # tensors on arrival: the page's memory is not held while it waits its turn.
         number, (width, height), digest = page.number, page.image.size, fingerprint(page.image)
@@ -60,11 +59,9 @@ class SimulatedEngine:
             if fatal:
                 await asyncio.sleep(self.config.seconds_per_page / 2)
                 self.health.set(EngineState.dead, f"page {number} crashed it")
-            if self.health.state is EngineState.dead:  # it died with this page in it
-                raise EngineDeadError(f"the simulated engine died: {self.health.problem}", number)
+            self._raise_if_dead(number)  # it died with this page in it
             await asyncio.sleep(self.config.seconds_per_page)
-            if self.health.state is EngineState.dead:
-                raise EngineDeadError(f"the simulated engine died: {self.health.problem}", number)
+            self._raise_if_dead(number)
         unfinished = (
             mode is PromptMode.layout
             and self.config.unfinished_every > 0
@@ -91,6 +88,10 @@ class SimulatedEngine:
             "<|ref|>image<|/ref|><|det|>[[100, 300, 600, 700]]<|/det|>\n"
         )
 
+    def _raise_if_dead(self, page: int | None = None) -> None:
+        if self.health.state is EngineState.dead:
+            raise EngineDeadError(f"the simulated engine died: {self.health.problem}", page)
+
     def _is_fatal(self, page: PageImage) -> bool:
         if self.config.fatal_colour is None:
             return False
@@ -98,8 +99,7 @@ class SimulatedEngine:
         return page.image.getpixel((width // 2, height // 2)) == self.config.fatal_colour
 
     async def check_health(self) -> None:
-        if self.health.state is EngineState.dead:
-            raise EngineDeadError(f"the simulated engine died: {self.health.problem}")
+        self._raise_if_dead()
 
     async def stop(self) -> None:
         return None

@@ -2,48 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
-import heapq
-import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
+from ocrd.handoff import WaitingLine
 
 
 class PrioritySlots:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.busy = 0
-        self._order = itertools.count()
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._line: WaitingLine[None, int] = WaitingLine(pass_on=lambda *_: self._release())
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._line)
 
     @asynccontextmanager
     async def slot(self, priority: int = 0) -> AsyncIterator[None]:
-        await self._acquire(priority)
+        if self.busy < self.capacity and not self._line:
+            self.busy += 1
+        else:
+            await self._line.wait(priority)  # the slot was counted when it was handed over
         try:
             yield
         finally:
             self._release()
-
-    async def _acquire(self, priority: int) -> None:
-        if self.busy < self.capacity and not self._waiting:
-            self.busy += 1
-            return
-        future = asyncio.get_running_loop().create_future()
-        entry = (priority, next(self._order), future)
-        heapq.heappush(self._waiting, entry)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                self._release()  # handed a slot, but cancelled before it woke: pass it on
-            elif entry in self._waiting:
-                self._waiting.remove(entry)
-                heapq.heapify(self._waiting)
-            raise
 
     def set_capacity(self, capacity: int) -> None:
         """Change the limit (a fleet's servers come and go); waiters get new room at once."""
@@ -55,8 +39,8 @@ class PrioritySlots:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiting and self.busy < self.capacity:
-            *_, future = heapq.heappop(self._waiting)
-            if not future.done():
-                self.busy += 1
-                future.set_result(None)
+        while self.busy < self.capacity and self._line.hand_over(None, self._take):
+            pass
+
+    def _take(self, _: int) -> None:
+        self.busy += 1

@@ -1,0 +1,79 @@
+"""Checking a configuration against the machine: folders that exist, are writable and do not
+nest; settings that only make sense with something in the environment. `ocrd run` refuses
+to start on any problem (exit status 78); `ocrd check-config` prints them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from ocrd.config import Config
+
+
+def problems(config: Config, create: bool = True) -> list[str]:
+    """Every reason not to start, each a line saying what and why."""
+    return check_folders(config, create) + check_http(config)
+
+
+def check_folders(config: Config, create: bool = True) -> list[str]:
+    """Problems with the configured folders, each a line saying which folder and why."""
+    problems: list[str] = []
+    inboxes = [inbox.path for inbox in config.inboxes]
+    for inbox in config.inboxes:
+        if not inbox.path.is_dir():
+            problems.append(f"inbox {inbox.path} does not exist or is not a folder; create it")
+            continue
+        if not os.access(inbox.path, os.W_OK | os.X_OK):
+            problems.append(
+                f"inbox {inbox.path} is not writable by this user (files are moved out of it)"
+            )
+        for role in ("outbox", "done", "failed", "work"):
+            folder: Path = getattr(inbox, role)
+            for watched in inboxes:
+                if folder == watched or folder.is_relative_to(watched):
+                    problems.append(
+                        f"{role} folder {folder} lies inside the watched inbox {watched}; "
+                        "move it out, or ocrd would read its own output"
+                    )
+            if not folder.exists() and create and folder.parent.is_dir():
+                with contextlib.suppress(OSError):
+                    folder.mkdir()
+            if not folder.is_dir():
+                if create or not folder.parent.is_dir():
+                    problems.append(f"{role} folder {folder} does not exist; create it")
+            elif not os.access(folder, os.W_OK | os.X_OK):
+                problems.append(f"{role} folder {folder} is not writable by this user")
+        if inbox.work.is_dir() and inbox.work.stat().st_dev != inbox.path.stat().st_dev:
+            problems.append(
+                f"work folder {inbox.work} is on another filesystem than inbox {inbox.path}; "
+                "claiming needs an atomic rename, so put it on the same filesystem"
+            )
+    return problems
+
+
+def check_http(config: Config) -> list[str]:
+    """Problems with the HTTP settings that only show in the environment."""
+    http = config.http
+    if http.enabled and not http.trust_loopback and not os.environ.get(http.token_env):
+        return [
+            f"http.trust_loopback is false but {http.token_env} is not set: every client "
+            "would be refused; set the token in the environment (an EnvironmentFile=)"
+        ]
+    return []
+
+
+def folder_warnings(config: Config) -> list[str]:
+    """What will keep some dropped files from being taken, though ocrd can start."""
+    warnings = []
+    uid = os.geteuid()
+    for inbox in config.inboxes:
+        with contextlib.suppress(OSError):
+            info = inbox.path.stat()
+            if info.st_mode & 0o1000 and uid not in (0, info.st_uid):
+                warnings.append(
+                    f"inbox {inbox.path} has the sticky bit and is not ocrd's: files other "
+                    "users drop there cannot be moved out (remove it: chmod o-t)"
+                )
+    return warnings

@@ -1,0 +1,164 @@
+"""Dispatching: ready files and recovered claims wait in line, and are claimed and started
+as documents while there is room.
+
+`Admission` is the room: at most `limit` documents at once, and a document struck by an
+engine crash (`crashes.py`) runs alone, with nothing beside it. A document's place is given
+back in its task's done-callback, which runs on every path (done, failed, cancelled before
+its first step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections import deque
+from collections.abc import Callable
+
+from ocrd.claim import Changed, Claim, NotClaimable
+from ocrd.document import DocumentRunner
+from ocrd.dropped import printable
+from ocrd.intake import Inbox, Intake, Job
+from ocrd.log import get_logger
+from ocrd.status import WaitingFile
+
+# Running out of descriptors or memory is the daemon's state, not the file's: try again.
+RETRY_CLAIM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})
+
+
+class Admission:
+    """How many documents may run at once, and whether one must run alone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running: set[asyncio.Task[None]] = set()
+        self._alone: asyncio.Task[None] | None = None
+
+    def admits(self, alone: bool) -> bool:
+        if self._alone is not None or len(self.running) >= self.limit:
+            return False
+        return not (alone and self.running)
+
+    def admit(self, task: asyncio.Task[None], alone: bool) -> None:
+        self.running.add(task)
+        if alone:
+            self._alone = task
+        task.add_done_callback(self._release)
+
+    def _release(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        if task is self._alone:
+            self._alone = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        intake: Intake,
+        runner: DocumentRunner,
+        admission: Admission,
+        on_crash: Callable[[BaseException], None],
+    ) -> None:
+        """`on_crash` is told of a document task that ended with an exception (a dead
+        engine, or a bug that escaped the document's state machine)."""
+        self.intake = intake
+        self.runner = runner
+        self.admission = admission
+        self.on_crash = on_crash
+        self.jobs: deque[Job] = deque()
+        self.log = get_logger()
+
+    def add(self, jobs: list[Job]) -> None:
+        self.jobs.extend(jobs)
+
+    async def dispatch(self) -> None:
+        """Claim and start documents while there is room; the line keeps its order, so a
+        document that must run alone waits for the others to finish."""
+        while self.jobs and self.admission.admits(self.jobs[0].runs_alone):
+            job = self.jobs.popleft()
+            claim = job.claim or await self._claim(job)
+            if claim is None:
+                continue
+            alone = job.runs_alone
+            task = asyncio.create_task(self.runner.run(job.inbox.route, claim, job.failure, alone))
+            self.admission.admit(task, alone)
+            task.add_done_callback(self._finished)
+
+    async def _claim(self, job: Job) -> Claim | None:
+        assert job.path is not None
+        self.intake.release(job)
+        inbox, path = job.inbox, job.path
+        shown = printable(str(path))
+        try:
+            claim = await asyncio.to_thread(inbox.work.claim, path, job.identity, job.companions)
+        except NotClaimable as refusal:
+            self.intake.block(inbox, path, refusal)
+            return None
+        except Changed as changed:
+            self.log.warning(
+                "file.changed",
+                path=shown,
+                reason=str(changed),
+                action="left alone; if it is a file it is looked at again",
+            )
+            inbox.tracker.observe(path)
+            return None
+        except OSError as error:
+            transient = error.errno in RETRY_CLAIM_ERRNOS
+            self.log.error(
+                "file.claim_deferred" if transient else "file.claim_failed",
+                path=shown,
+                error=printable(str(error)),
+                action="left in the inbox; tried again "
+                + ("shortly" if transient else "at the next rescan"),
+            )
+            if transient:
+                inbox.tracker.observe(path)
+            return None
+        self.intake.taken(inbox, path)
+        if claim is None:
+            self.log.info("file.vanished", path=shown, reason="gone before it was claimed")
+            return None
+        self.log.info(
+            "document.claimed",
+            doc=claim.id,
+            path=printable(claim.state.relative_path),
+            inbox=str(inbox.config.path),
+            **({"companions": claim.state.companions} if claim.state.companions else {}),
+        )
+        return claim
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self.on_crash(error)
+
+    def forget(self, inbox: Inbox) -> int:
+        """Drop the not yet claimed files of an inbox no longer served; how many."""
+        unclaimed = [job for job in self.jobs if job.inbox is inbox and job.claim is None]
+        for job in unclaimed:
+            self.jobs.remove(job)
+            self.intake.release(job)
+        return len(unclaimed)
+
+    @property
+    def running(self) -> int:
+        return len(self.admission.running)
+
+    async def drain(self, grace_seconds: float) -> None:
+        """In-flight documents get the grace period; the rest stay claimed for next time."""
+        tasks = set(self.admission.running)
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace_seconds)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def queued(self, inbox: Inbox, now: float) -> list[WaitingFile]:
+        return [
+            WaitingFile(path=job.relative_path, waiting_seconds=now - job.since, ready=True)
+            for job in self.jobs
+            if job.inbox is inbox
+        ]

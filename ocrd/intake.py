@@ -1,0 +1,294 @@
+"""Intake: the inboxes being served, and the files in them that are ready to be taken.
+
+Each inbox has a watcher (`watch.py`) that makes paths candidates, a tracker that says
+when a candidate has been quiet long enough, with `collate: true` a collator that pairs a
+fronts file with its backs, and the list of files ocrd's user may not move out (shown
+with their fix until someone fixes them). `collect` turns what became ready into jobs for
+the dispatcher; adding an inbox also takes up the claims an earlier run left in its work
+area.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ocrd import crashes, failures
+from ocrd.claim import Claim, NotClaimable, WorkArea
+from ocrd.collate import Collator
+from ocrd.config import InboxConfig
+from ocrd.document import Route
+from ocrd.domain import DocumentFailed
+from ocrd.dropped import Identity, printable
+from ocrd.files import remove_stale_temporaries
+from ocrd.log import get_logger
+from ocrd.status import WAITING_LISTED, BlockedFile, WaitingFile
+from ocrd.watch import InboxWatcher, QuietTracker, stat_all
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A ready file ocrd's user cannot move out: why, what a person should do, since when."""
+
+    reason: str
+    fix: str
+    since: float  # wall clock
+
+
+@dataclass
+class Inbox:
+    """One configured inbox and the parts that serve it."""
+
+    config: InboxConfig
+    route: Route
+    work: WorkArea
+    tracker: QuietTracker
+    watcher: InboxWatcher
+    collator: Collator | None = None  # with `collate: true`: a fronts file waiting
+    blocked: dict[Path, Blocked] = field(default_factory=dict)
+
+    def shown(self, path: Path) -> str:
+        """`path` relative to the inbox, printable whatever its bytes."""
+        return printable(str(path.relative_to(self.config.path)))
+
+
+@dataclass
+class Job:
+    """A document to start: a ready file (or job folder) still in its inbox, or a claim an
+    earlier run left."""
+
+    inbox: Inbox
+    path: Path | None = None  # a ready file in the inbox, still to be claimed
+    identity: Identity | None = None  # the file that settled there
+    companions: tuple[Path, ...] = ()  # claimed with it: a duplex's backs file
+    claim: Claim | None = None  # or a claim recovered from the work area
+    failure: DocumentFailed | None = None  # known to fail before it is read
+    since: float = field(default_factory=time.monotonic)  # first seen
+
+    @property
+    def runs_alone(self) -> bool:
+        return self.claim is not None and crashes.runs_alone(self.claim)
+
+    @property
+    def relative_path(self) -> str:
+        if self.claim is not None:
+            return printable(self.claim.state.relative_path)
+        assert self.path is not None
+        return self.inbox.shown(self.path)
+
+
+class Intake:
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+        self.inboxes: list[Inbox] = []
+        # Ready files given out as jobs (or waiting to be paired) and not yet claimed: a
+        # rescan finding one of them again must not make a second job of it.
+        self._pending: set[Path] = set()
+        self.log = get_logger()
+
+    # --- the inboxes -------------------------------------------------------------------
+
+    async def add(self, config: InboxConfig, recover: bool = True) -> tuple[Inbox, list[Job]]:
+        """Serve an inbox: sweep what a killed run left, watch it; the claims it left, as
+        jobs (oldest first) where `recover`."""
+        work = WorkArea(config.path, config.work)
+        tracker = QuietTracker(config)
+        inbox = Inbox(
+            config=config,
+            route=Route.of(config, self.engine),
+            work=work,
+            tracker=tracker,
+            watcher=InboxWatcher(config, asyncio.get_running_loop(), tracker.observe),
+            collator=Collator(config.collate_window_seconds) if config.collate else None,
+        )
+        jobs = []
+        if recover:
+            for claim in await asyncio.to_thread(_swept_and_recovered, config, work):
+                self.log.info(
+                    "document.recovered",
+                    doc=claim.id,
+                    path=printable(claim.state.relative_path),
+                    attempts=claim.state.attempts,
+                )
+                jobs.append(Job(inbox, claim=claim))
+        await inbox.watcher.start()
+        self.log.info("inbox.watching", inbox=str(config.path), polling=config.polling)
+        self.inboxes.append(inbox)
+        return inbox, jobs
+
+    async def remove(self, path: Path) -> Inbox | None:
+        """Stop watching an inbox; files not yet claimed stay in it."""
+        inbox = next((i for i in self.inboxes if i.config.path == path), None)
+        if inbox is None:
+            return None
+        await asyncio.to_thread(inbox.watcher.stop)
+        self.inboxes.remove(inbox)
+        return inbox
+
+    async def replace(self, config: InboxConfig) -> tuple[Inbox | None, Inbox]:
+        """New settings for an inbox (the old one and the new); a fronts file waiting for
+        its backs keeps waiting."""
+        old = await self.remove(config.path)
+        new, _ = await self.add(config, recover=False)
+        if old is not None and old.collator is not None and new.collator is not None:
+            new.collator.fronts = old.collator.fronts
+        return old, new
+
+    async def stop(self) -> None:
+        for inbox in self.inboxes:
+            await asyncio.to_thread(inbox.watcher.stop)
+
+    # --- what became ready ---------------------------------------------------------------
+
+    async def collect(self) -> list[Job]:
+        """Jobs for the files that became ready since the last call."""
+        jobs: list[Job] = []
+        for inbox in self.inboxes:
+            jobs += self._collate_expired(inbox)
+            paths = inbox.tracker.due()
+            if not paths:
+                continue
+            outcomes = await asyncio.to_thread(stat_all, paths, inbox.config.path)
+            for ready in inbox.tracker.ready(outcomes):
+                if ready.path in self._pending:
+                    continue
+                self._pending.add(ready.path)
+                if ready.still_growing:
+                    failure = failures.still_growing(inbox.config.max_settle_wait_seconds)
+                    jobs.append(Job(inbox, ready.path, failure=failure, since=ready.first_seen))
+                elif inbox.collator is not None and not ready.folder:
+                    jobs += self._collate(inbox, ready.path, ready.first_seen)
+                else:
+                    jobs.append(Job(inbox, ready.path, ready.identity, since=ready.first_seen))
+        return jobs
+
+    def release(self, job: Job) -> None:
+        """A job's files are being claimed (or no longer served): a later look may find
+        them again."""
+        self._pending.difference_update(
+            (job.path, *job.companions) if job.path is not None else job.companions
+        )
+
+    def _collate(self, inbox: Inbox, path: Path, first_seen: float) -> list[Job]:
+        """In a collating inbox a file waits as the fronts, or completes a pair."""
+        assert inbox.collator is not None
+        pair = inbox.collator.add(path, first_seen)
+        if pair is None:
+            self.log.info(
+                "collate.fronts_waiting",
+                path=printable(str(path)),
+                window_seconds=inbox.config.collate_window_seconds,
+            )
+            return []
+        fronts, backs = pair
+        self.log.info("collate.paired", fronts=printable(str(fronts)), backs=printable(str(backs)))
+        return [Job(inbox, fronts, companions=(backs,), since=first_seen)]
+
+    def _collate_expired(self, inbox: Inbox) -> list[Job]:
+        alone = inbox.collator.expired() if inbox.collator is not None else None
+        if alone is None:
+            return []
+        self.log.info(
+            "collate.alone",
+            path=printable(str(alone.path)),
+            reason=f"no backs file came within {inbox.config.collate_window_seconds:g} s; "
+            "converted as it is",
+        )
+        return [Job(inbox, alone.path, since=alone.first_seen)]
+
+    async def rescan(self) -> None:
+        """Every inbox again, for events that were missed; forget blocked files that are
+        gone (their owner moved or deleted them)."""
+        for inbox in self.inboxes:
+            await inbox.watcher.rescan()
+            if inbox.blocked:
+                gone = await asyncio.to_thread(_gone, list(inbox.blocked))
+                for path in gone:
+                    inbox.blocked.pop(path, None)
+
+    # --- files ocrd may not take ---------------------------------------------------------
+
+    def block(self, inbox: Inbox, path: Path, refusal: NotClaimable) -> None:
+        """List a file ocrd cannot take (logged once, not at every rescan)."""
+        known = inbox.blocked.get(path)
+        if known is not None and known.reason == refusal.reason:
+            return
+        inbox.blocked[path] = Blocked(refusal.reason, refusal.fix, time.time())
+        self.log.warning(
+            "file.blocked",
+            path=printable(str(path)),
+            reason=refusal.reason,
+            fix=refusal.fix,
+            action="left in the inbox and listed on the status page; tried again at every rescan",
+        )
+
+    def taken(self, inbox: Inbox, path: Path) -> None:
+        """A file was claimed (or went away): it is no longer blocked."""
+        if inbox.blocked.pop(path, None) is not None:
+            self.log.info("file.unblocked", path=printable(str(path)))
+
+    # --- facts for the status report -----------------------------------------------------
+
+    def waiting_count(self) -> int:
+        collating = sum(1 for i in self.inboxes if i.collator is not None and i.collator.fronts)
+        return sum(len(inbox.tracker) for inbox in self.inboxes) + collating
+
+    def arriving(self, inbox: Inbox, now: float) -> list[WaitingFile]:
+        """Files of `inbox` not yet ready: still changing, or a fronts file waiting."""
+        waiting = [
+            WaitingFile(path=inbox.shown(path), waiting_seconds=now - seen, ready=False)
+            for path, seen in inbox.tracker.waiting()
+            if path not in inbox.blocked
+        ]
+        fronts = inbox.collator.fronts if inbox.collator is not None else None
+        if fronts is not None:
+            waiting.append(
+                WaitingFile(
+                    path=inbox.shown(fronts.path),
+                    waiting_seconds=now - fronts.first_seen,
+                    ready=True,
+                )
+            )
+        return waiting
+
+    @staticmethod
+    def blocked_files(inbox: Inbox) -> list[BlockedFile]:
+        return [
+            BlockedFile(path=inbox.shown(path), reason=b.reason, fix=b.fix, since=b.since)
+            for path, b in list(inbox.blocked.items())[:WAITING_LISTED]
+        ]
+
+    def problems(self) -> list[str]:
+        problems = []
+        for inbox in self.inboxes:
+            if inbox.watcher.missing:
+                problems.append(f"INBOX MISSING: {inbox.config.path}")
+            elif not inbox.watcher.watching:
+                problems.append(f"inbox not watched: {inbox.config.path}")
+        return problems
+
+    def attention(self) -> list[str]:
+        lines = []
+        for inbox in self.inboxes:
+            if inbox.blocked:
+                count = len(inbox.blocked)
+                lines.append(
+                    f"{count} file{'s' if count > 1 else ''} in {inbox.config.path} cannot be "
+                    "taken (no permission); see the status page for why and how to fix it"
+                )
+        return lines
+
+
+def _swept_and_recovered(config: InboxConfig, work: WorkArea) -> list[Claim]:
+    """Sweep temporaries a killed run left; the claims it left, oldest first. Blocking."""
+    for folder in (config.outbox, config.done, config.failed):
+        if folder.is_dir():
+            remove_stale_temporaries(folder)
+    return work.recover()
+
+
+def _gone(paths: list[Path]) -> list[Path]:
+    return [path for path in paths if not os.path.lexists(path)]

@@ -1,0 +1,303 @@
+"""The daemon's side of rendering: a fixed set of worker processes, each taken for one
+request at a time, with a time limit on every request.
+
+Each worker keeps a few sources open, so a document never holds a renderer while it waits
+for page slots: any worker renders any page, preferring one that has the file open. Page
+pixels come back through a buffer the worker and the daemon share (no pickling of
+megabytes through a pipe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import multiprocessing
+import multiprocessing.connection
+import os
+import secrets
+import tempfile
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from PIL import Image
+
+from ocrd.config import RenderSettings
+from ocrd.domain import Figure, InputFormat, PageImage, TextLayer
+from ocrd.handoff import WaitingLine
+from ocrd.render.errors import RenderError, RenderFailure
+from ocrd.render.protocol import (
+    CutFigures,
+    Failed,
+    FiguresCut,
+    Open,
+    Opened,
+    Ping,
+    ReadTextLayer,
+    Region,
+    RenderedPage,
+    RenderLimits,
+    RenderPage,
+    Reply,
+    Request,
+    SourceKey,
+    TextLayerRead,
+)
+from ocrd.render.worker import OPEN_SOURCES_PER_WORKER, worker_main
+
+WORKER_START_SECONDS = 60.0
+R = TypeVar("R", bound=Reply)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file of a document, as the render workers know it."""
+
+    path: Path
+    format: InputFormat
+    settings: RenderSettings
+
+    @property
+    def key(self) -> SourceKey:
+        return SourceKey(str(self.path), self.format, self.settings)
+
+
+def _shared_folder() -> str:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
+
+
+class RenderWorker:
+    """One child process, the sources it has open, and the buffer it hands pixels in.
+
+    Requests go through one thread, so they are answered in order even when the task that
+    asked was cancelled meanwhile; a request that runs out of time kills the child, which
+    is started again for the next one.
+    """
+
+    def __init__(self, limits: RenderLimits, buffer_bytes: int) -> None:
+        self.limits = limits
+        self.buffer_bytes = buffer_bytes
+        self.open: OrderedDict[SourceKey, int] = OrderedDict()  # mirrors the child's cache
+        self._context = multiprocessing.get_context("spawn")
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self._buffer: mmap.mmap | None = None
+        self._killed = False  # by kill(): replace it even if the kernel has not reaped it yet
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render-wait")
+
+    # In the worker's thread:
+
+    def ensure_started(self) -> None:
+        alive = self._process is not None and self._process.is_alive()
+        if alive and self._conn is not None and not self._killed:
+            return
+        self._killed = False
+        self._cleanup()
+        path = os.path.join(_shared_folder(), f"ocrd-render-{os.getpid()}-{secrets.token_hex(4)}")
+        with open(path, "w+b") as handle:
+            handle.truncate(self.buffer_bytes)
+            buffer = mmap.mmap(handle.fileno(), self.buffer_bytes)
+        try:
+            parent, child = self._context.Pipe()
+            process = self._context.Process(
+                target=worker_main,
+                args=(child, self.limits, path),
+                daemon=True,
+                name="ocrd-render",
+            )
+            process.start()
+            child.close()
+            parent.send(Ping())  # answered once the child has imported and mapped
+            parent.recv()
+        finally:
+            os.unlink(path)  # both sides hold the mapping; nothing is left behind
+        self._process, self._conn, self._buffer = process, parent, buffer
+
+    def _cleanup(self) -> None:
+        if self._process is not None:
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        if self._buffer is not None:
+            self._buffer.close()
+        self._process = self._conn = self._buffer = None
+
+    def _call(self, request: Request) -> Reply:
+        self.ensure_started()
+        assert self._conn is not None
+        self._conn.send(request)
+        reply: Reply = self._conn.recv()
+        if isinstance(reply, Failed):
+            raise RenderError(reply.message, page=reply.page, code=reply.code)
+        return reply
+
+    def pixels(self, number: int, page: RenderedPage) -> PageImage:
+        """The page's image, copied out of the shared buffer before the next page."""
+        if page.payload is None:
+            assert self._buffer is not None
+            with memoryview(self._buffer)[: page.size] as pixels:
+                image = Image.frombytes("RGB", (page.width, page.height), pixels)
+        else:
+            image = Image.frombytes("RGB", (page.width, page.height), page.payload)
+        return PageImage(number, image, page.width_pt, page.height_pt, page.blank)
+
+    # On the event loop:
+
+    async def request(self, request: Request, reply: type[R], what: str) -> R:
+        """Send `request` and wait for its reply of type `reply`, within the time limit."""
+        loop = asyncio.get_running_loop()
+        page = getattr(request, "page", None)
+        try:
+            await asyncio.wait_for(  # starting a process is not the document's time
+                loop.run_in_executor(self._thread, self.ensure_started), WORKER_START_SECONDS
+            )
+            answer = await asyncio.wait_for(
+                loop.run_in_executor(self._thread, self._call, request),
+                timeout=self.limits.page_timeout_seconds,
+            )
+        except TimeoutError:
+            self.kill()
+            raise RenderError(
+                f"{what} took longer than {self.limits.page_timeout_seconds:g} s and was stopped",
+                page=page,
+                code=RenderFailure.timeout,
+            ) from None
+        except (EOFError, ConnectionError, OSError):
+            code = self._process.exitcode if self._process else None
+            self.kill()
+            raise RenderError(
+                f"the renderer crashed on {what} (exit code {code})",
+                page=page,
+                code=RenderFailure.crashed,
+            ) from None
+        if not isinstance(answer, reply):
+            raise TypeError(f"a renderer answered {type(answer).__name__} to {request!r}")
+        return answer
+
+    async def open_source(self, key: SourceKey) -> int:
+        """Open a source here (its page count): its first request's time limit is for
+        opening alone, and its pages then prefer this worker."""
+        if key in self.open:
+            self.open.move_to_end(key)
+            return self.open[key]
+        pages = (await self.request(Open(key), Opened, "opening the document")).pages
+        if pages < 1:
+            raise RenderError("the document has no pages", code=RenderFailure.no_pages)
+        self.open[key] = pages
+        while len(self.open) > OPEN_SOURCES_PER_WORKER:
+            self.open.popitem(last=False)
+        return pages
+
+    async def start(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self.ensure_started)
+
+    def kill(self) -> None:
+        """Stop the child now (from the event loop); its thread cleans up before the next."""
+        self.open.clear()
+        self._killed = True
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
+
+    def shutdown(self) -> None:
+        self.kill()
+        self._thread.submit(self._cleanup)
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+
+class RenderPool:
+    """A fixed set of render workers, each taken for one request at a time.
+
+    A worker goes to the longest-waiting request, or where nobody waits, to the next request
+    that comes, preferring a worker that already has that request's file open.
+    """
+
+    def __init__(self, size: int, limits: RenderLimits, buffer_bytes: int = 2048 * 2048 * 3):
+        self.limits = limits
+        self._workers = [RenderWorker(limits, buffer_bytes) for _ in range(size)]
+        self._idle: list[RenderWorker] = list(self._workers)
+        self._line: WaitingLine[RenderWorker, None] = WaitingLine(
+            pass_on=lambda worker, _: self._give_back(worker)
+        )
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def busy(self) -> int:
+        return len(self._workers) - len(self._idle)
+
+    async def warm_up(self) -> None:
+        """Start every worker now, so the first document does not wait for imports."""
+        await asyncio.gather(*(worker.start() for worker in self._workers))
+
+    def _give_back(self, worker: RenderWorker) -> None:
+        if not self._line.hand_over(worker):
+            self._idle.append(worker)
+
+    async def _acquire(self, key: SourceKey | None) -> RenderWorker:
+        if self._idle and not self._line:
+            worker = next((w for w in self._idle if key in w.open), self._idle[0])
+            self._idle.remove(worker)
+            return worker
+        return await self._line.wait(None)
+
+    @asynccontextmanager
+    async def _worker(self, source: SourceFile | None) -> AsyncIterator[RenderWorker]:
+        worker = await self._acquire(source.key if source is not None else None)
+        try:
+            if source is not None:
+                await worker.open_source(source.key)
+            yield worker
+        finally:
+            self._give_back(worker)  # synchronous: a second cancellation cannot lose it
+
+    async def open(self, source: SourceFile) -> int:
+        """The file's page count; it stays open in a worker for its pages."""
+        async with self._worker(source) as worker:
+            return await worker.open_source(source.key)
+
+    async def render(self, source: SourceFile, number: int) -> PageImage:
+        async with self._worker(source) as worker:
+            page = await worker.request(
+                RenderPage(source.key, number), RenderedPage, f"page {number}"
+            )
+            return worker.pixels(number, page)
+
+    async def text_layer(
+        self, source: SourceFile, number: int, running_lines: bool = True
+    ) -> TextLayer:
+        """Page `number`'s own text layer and whether it can stand in for recognition
+        (without its running headers and footers unless `running_lines`)."""
+        request = ReadTextLayer(source.key, number, running_lines)
+        async with self._worker(source) as worker:
+            reply = await worker.request(request, TextLayerRead, f"the text of page {number}")
+            return reply.layer
+
+    async def figures(
+        self,
+        source: SourceFile,
+        number: int,
+        boxes: Sequence[Region],
+        dpi: float,
+        folder: Path,
+        names: Sequence[str],
+    ) -> list[Figure]:
+        """Cut `boxes` of a page out of the source at `dpi` into `folder` as PNG files."""
+        folder.mkdir(parents=True, exist_ok=True)
+        request = CutFigures(source.key, number, list(boxes), dpi, folder, list(names))
+        async with self._worker(source) as worker:
+            reply = await worker.request(request, FiguresCut, f"the figures of page {number}")
+            return reply.figures
+
+    def shutdown(self) -> None:
+        for worker in self._workers:
+            worker.shutdown()

@@ -1,0 +1,136 @@
+"""What the daemon asks its render workers, and what they answer: typed messages through
+a pipe, matched by their type on both sides.
+
+A worker keeps a few sources open: every request names its source by `SourceKey` (the
+file, its format, how it is rendered), so any worker can serve any page, opening the file
+itself if it has not yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocrd.config import PipelineConfig, RenderSettings
+from ocrd.domain import Figure, InputFormat, TextLayer
+from ocrd.render.errors import RenderFailure
+
+Region = tuple[float, float, float, float]  # a part of a page as fractions (0..1) of it
+
+
+@dataclass(frozen=True)
+class RenderLimits:
+    """Limits of a render worker process, the same for every document."""
+
+    max_page_pixels: int = 50_000_000
+    memory_limit_mb: int = 4096
+    page_timeout_seconds: float = 120.0
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> RenderLimits:
+        return cls(
+            config.max_page_pixels,
+            config.render_memory_limit_mb,
+            config.page_render_timeout_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class SourceKey:
+    """Everything it takes to open one input file."""
+
+    path: str
+    format: InputFormat
+    settings: RenderSettings
+
+
+# --- requests -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Answered once the worker has started (imported and mapped the shared buffer)."""
+
+
+@dataclass(frozen=True)
+class Open:
+    source: SourceKey
+
+
+@dataclass(frozen=True)
+class RenderPage:
+    source: SourceKey
+    page: int  # 1-based, within the file
+
+
+@dataclass(frozen=True)
+class ReadTextLayer:
+    source: SourceKey
+    page: int
+    running_lines: bool  # keep running headers and footers
+
+
+@dataclass(frozen=True)
+class CutFigures:
+    source: SourceKey
+    page: int
+    boxes: Sequence[Region]
+    dpi: float
+    folder: Path
+    names: Sequence[str]
+
+
+Request = Ping | Open | RenderPage | ReadTextLayer | CutFigures
+
+
+def page_of(request: Request) -> int | None:
+    """The page a request is about, for its error message."""
+    return getattr(request, "page", None)
+
+
+# --- replies ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The answer to Ping."""
+
+
+@dataclass(frozen=True)
+class Opened:
+    pages: int
+
+
+@dataclass(frozen=True)
+class RenderedPage:
+    """A page's pixels are in the shared buffer (`payload` None) or, if they did not fit,
+    in `payload`; with the page's size in points and whether it is blank."""
+
+    width: int
+    height: int
+    size: int  # bytes of RGB pixels
+    payload: bytes | None
+    width_pt: float
+    height_pt: float
+    blank: bool
+
+
+@dataclass(frozen=True)
+class TextLayerRead:
+    layer: TextLayer
+
+
+@dataclass(frozen=True)
+class FiguresCut:
+    figures: list[Figure]
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    page: int | None
+    code: RenderFailure
+
+
+Reply = Ready | Opened | RenderedPage | TextLayerRead | FiguresCut | Failed

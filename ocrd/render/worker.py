@@ -1,0 +1,121 @@
+"""The render worker process: answers the daemon's requests (`protocol.py`) one at a time,
+with an address-space limit, keeping a few sources open.
+
+Whatever a source does (MuPDF's own errors, running out of memory) comes back as a
+`Failed` reply saying what happened to which page; only a crash or a hang ends the worker,
+and the daemon's side (`pool.py`) notices that and starts another.
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing.connection
+import resource
+import signal
+from collections import OrderedDict
+from pathlib import Path
+
+from ocrd.domain import InputFormat, TextLayer
+from ocrd.render.errors import RenderError, RenderFailure
+from ocrd.render.image import RasterSource
+from ocrd.render.pdf import PdfSource
+from ocrd.render.protocol import (
+    CutFigures,
+    Failed,
+    FiguresCut,
+    Open,
+    Opened,
+    Ping,
+    ReadTextLayer,
+    Ready,
+    RenderLimits,
+    RenderPage,
+    Reply,
+    Request,
+    SourceKey,
+    TextLayerRead,
+    page_of,
+)
+
+OPEN_SOURCES_PER_WORKER = 4
+Source = PdfSource | RasterSource
+
+
+class _Worker:
+    def __init__(self, limits: RenderLimits, buffer: mmap.mmap) -> None:
+        self.limits = limits
+        self.buffer = buffer
+        self.sources: OrderedDict[SourceKey, Source] = OrderedDict()
+
+    def source(self, key: SourceKey) -> Source:
+        """The open source for `key`, opened now if this worker does not have it (it may
+        have been restarted since); the least recently used is closed beyond the limit."""
+        if key in self.sources:
+            self.sources.move_to_end(key)
+            return self.sources[key]
+        kind = PdfSource if key.format is InputFormat.pdf else RasterSource
+        self.sources[key] = kind(Path(key.path), key.settings, self.limits)
+        while len(self.sources) > OPEN_SOURCES_PER_WORKER:
+            self.sources.popitem(last=False)
+        return self.sources[key]
+
+    def serve(self, request: Request) -> Reply:
+        match request:
+            case Ping():
+                return Ready()
+            case Open(source=key):
+                return Opened(self.source(key).page_count)
+            case RenderPage(source=key, page=page):
+                return self.source(key).render(page, self.buffer)
+            case ReadTextLayer(source=key, page=page, running_lines=running_lines):
+                source = self.source(key)
+                if not isinstance(source, PdfSource):
+                    return TextLayerRead(TextLayer(False, "an image has no text layer"))
+                return TextLayerRead(source.text_layer(page, running_lines))
+            case CutFigures(source=key, page=page, boxes=boxes, dpi=dpi, folder=folder):
+                return FiguresCut(
+                    self.source(key).figures(page, boxes, dpi, folder, request.names)
+                )
+        raise TypeError(f"not a render request: {request!r}")
+
+    def answer(self, request: Request) -> Reply:
+        try:
+            return self.serve(request)
+        except RenderError as error:
+            return Failed(str(error), error.page, error.code)
+        except Exception as error:  # MemoryError, MuPDF's own errors, anything else
+            return self.failure(error, page_of(request))
+
+    def failure(self, error: Exception, page: int | None) -> Failed:
+        import pymupdf
+
+        # MuPDF reports a failed allocation as a system error (its "malloc ... failed").
+        if isinstance(error, MemoryError | pymupdf.mupdf.FzErrorSystem):
+            where = f"page {page}" if page else "the document"
+            message = (
+                f"rendering {where} needs more than the {self.limits.memory_limit_mb} MB "
+                "a renderer may use (pipeline.render_memory_limit_mb)"
+            )
+            return Failed(message, page, RenderFailure.out_of_memory)
+        return Failed(f"{type(error).__name__}: {error}", page, RenderFailure.error)
+
+
+def worker_main(
+    conn: multiprocessing.connection.Connection, limits: RenderLimits, buffer_path: str
+) -> None:
+    import pymupdf  # noqa: F401  (imported before the first request's clock starts)
+
+    # Ctrl-C reaches the whole process group: the daemon decides when a renderer stops
+    # (it kills it), so a stop never fails the page being rendered.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with open(buffer_path, "r+b") as handle:
+        buffer = mmap.mmap(handle.fileno(), 0)
+    limit = limits.memory_limit_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    worker = _Worker(limits, buffer)
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        conn.send(worker.answer(request))

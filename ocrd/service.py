@@ -1,0 +1,245 @@
+"""Serving: the main loop, once every part runs.
+
+Each tick delegates: intake collects the files that became ready, the dispatcher claims
+and starts documents while there is room and the engine takes pages, the supervisor
+watches the engine; at their intervals the inboxes are rescanned, the status reported and
+systemd's watchdog pinged (from this loop only, so a stuck loop stops the pings). SIGHUP
+asks for a reload, which the next tick applies. The status report is put together from
+the parts that own each fact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocrd import __version__, checks
+from ocrd.activity import Activity
+from ocrd.config import Config, ConfigError, load_config
+from ocrd.dispatch import Dispatcher
+from ocrd.document import DocumentRunner
+from ocrd.engines import Engine, EngineState
+from ocrd.intake import Inbox, Intake
+from ocrd.log import get_logger
+from ocrd.notify import SystemdNotifier
+from ocrd.pipeline import Pipeline
+from ocrd.reload import plan_reload
+from ocrd.status import WAITING_LISTED, FinishedDocument, InboxStatus, StatusReport
+from ocrd.supervise import HEALTH_CHECK_SECONDS, Supervisor
+from ocrd.web import WebServer
+
+TICK_SECONDS = 0.1
+
+
+@dataclass
+class Service:
+    config: Config
+    config_path: Path | None  # re-read on SIGHUP
+    engine: Engine
+    pipeline: Pipeline
+    runner: DocumentRunner
+    intake: Intake
+    dispatcher: Dispatcher
+    supervisor: Supervisor
+    activity: Activity
+    notifier: SystemdNotifier
+    web: WebServer
+    stopping: asyncio.Event
+
+    def __post_init__(self) -> None:
+        self.log = get_logger()
+        self.reload_requested = False
+        self.apply_pipeline_settings()
+
+    # --- the main loop -------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        tick = 0
+        while not self.stopping.is_set():
+            before = loop.time()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), TICK_SECONDS)
+            self.supervisor.pulse.tick(max(0.0, loop.time() - before - TICK_SECONDS))
+            if self.stopping.is_set():
+                break
+            await self.tick(tick)
+            tick += 1
+
+    async def tick(self, tick: int) -> None:
+        """Everything the main loop does; per-file problems are handled where they occur."""
+        self.dispatcher.add(await self.intake.collect())
+        if self.supervisor.watch(self.engine):
+            self.report_status()
+        if self.engine.health.state is EngineState.ready and not self.stopping.is_set():
+            await self.dispatcher.dispatch()
+        if self.reload_requested:
+            self.reload_requested = False
+            await self.reload()
+        pipeline = self.config.pipeline
+        if _due(tick, pipeline.rescan_interval_seconds):
+            await self.intake.rescan()
+        if _due(tick, pipeline.status_interval_seconds):
+            self.report_status()
+        if _due(tick, HEALTH_CHECK_SECONDS):
+            await self.supervisor.check(self.engine)
+        self.supervisor.ping_watchdog()
+
+    async def drain(self) -> None:
+        """No new files; in-flight documents get the grace period, the rest stay claimed."""
+        self.notifier.stopping(f"draining {self.dispatcher.running} documents")
+        await self.intake.stop()
+        await self.dispatcher.drain(self.config.pipeline.shutdown_grace_seconds)
+
+    # --- reloading -----------------------------------------------------------------------
+
+    def request_reload(self) -> None:
+        self.reload_requested = True  # applied at the next tick, between documents
+
+    async def reload(self) -> None:
+        """Re-read the configuration file (SIGHUP); an invalid one changes nothing."""
+        self.notifier.reloading()
+        try:
+            new = await asyncio.to_thread(self._read_config)
+        except ConfigError as error:
+            self.log.error(
+                "config.reload_failed",
+                reason=str(error),
+                action="the configuration in use stays in effect; fix the file and reload again",
+            )
+            self.notifier.ready(self.status_line())
+            return
+        plan = plan_reload(self.config, new)
+        for line in plan.refused:
+            self.log.warning("config.reload_refused", reason=line)
+        for path in plan.removed:
+            await self._remove_inbox(path)
+        for config in plan.changed:
+            old, _ = await self.intake.replace(config)
+            if old is not None:  # its files not yet claimed are found again, with new settings
+                self.dispatcher.forget(old)
+        for config in plan.added:
+            _, recovered = await self.intake.add(config)
+            self.dispatcher.add(recovered)
+        self.config = plan.config
+        self.apply_pipeline_settings()
+        if plan.http_changed:
+            await self.web.serve(plan.config.http)
+        self.log.info(
+            "config.reloaded",
+            added=[str(i.path) for i in plan.added],
+            removed=[str(p) for p in plan.removed],
+            changed=[str(i.path) for i in plan.changed],
+            http_restarted=plan.http_changed,
+            refused=len(plan.refused),
+        )
+        self.notifier.ready(self.status_line())
+
+    def _read_config(self) -> Config:
+        if self.config_path is None:
+            raise ConfigError("no configuration file to re-read")
+        new = load_config(self.config_path)
+        problems = checks.problems(new)
+        if problems:
+            raise ConfigError("\n".join(problems))
+        return new
+
+    async def _remove_inbox(self, path: Path) -> None:
+        """Stop watching an inbox. Files not yet claimed stay in it; documents already
+        claimed from it finish under its settings."""
+        inbox = await self.intake.remove(path)
+        if inbox is not None:
+            unclaimed = self.dispatcher.forget(inbox)
+            self.log.info("inbox.removed", inbox=str(path), files_left_unclaimed=unclaimed)
+
+    def apply_pipeline_settings(self) -> None:
+        """The pipeline settings that take effect while running (see ocrd/reload.py)."""
+        settings = self.config.pipeline
+        self.dispatcher.admission.limit = settings.documents_in_flight_for(
+            self.engine.max_concurrency
+        )
+        self.pipeline.page_retries = settings.page_retries
+        self.pipeline.retry_backoff_seconds = settings.page_retry_backoff_seconds
+
+    # --- reporting -----------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """What keeps ocrd from being ready; empty when all is well."""
+        problems = self.supervisor.problems(self.engine)
+        if self.runner.storage.fault:
+            problems.append(f"STORAGE FAULT, retrying: {self.runner.storage.fault}")
+        problems += self.intake.problems()
+        if self.stopping.is_set():
+            problems.append("stopping")
+        return problems
+
+    def attention(self) -> list[str]:
+        """What needs a person although ocrd serves: files it cannot take, stuck claims."""
+        stuck = [f"needs an operator: {reason}" for reason in self.runner.stuck.values()]
+        return self.intake.attention() + stuck
+
+    def status_line(self) -> str:
+        problems = [p for p in self.problems() if p != "the engine is loading"]
+        problems += self.attention()
+        if self.web.problem:
+            problems.append(self.web.problem)
+        waiting = self.intake.waiting_count() + len(self.dispatcher.jobs)
+        return "".join(f"{p}; " for p in problems) + (
+            f"{waiting} waiting, {self.dispatcher.running} documents "
+            f"({self.pipeline.pages_in_flight} pages) in flight, "
+            f"{self.activity.pages_per_second():.2f} pages/s"
+        )
+
+    def report_status(self, *_: object) -> None:
+        self.notifier.status(self.status_line())
+        self.log.debug(
+            "daemon.status",
+            waiting=self.intake.waiting_count() + len(self.dispatcher.jobs),
+            documents_in_flight=self.dispatcher.running,
+            pages_in_flight=self.pipeline.pages_in_flight,
+            loop_lag_worst_ms=round(self.supervisor.pulse.take_report() * 1000, 1),
+        )
+
+    def status_report(self) -> StatusReport:
+        now = time.monotonic()
+        problems = self.problems()
+        return StatusReport(
+            version=__version__,
+            engine=self.engine.name,
+            engine_state=self.engine.health.state.value,
+            ready=not problems,
+            problems=problems,
+            attention=self.attention(),
+            pages_per_second=round(self.activity.pages_per_second(), 3),
+            documents_in_flight=self.dispatcher.running,
+            pages_in_flight=self.pipeline.pages_in_flight,
+            inboxes=[self._inbox_status(inbox, now) for inbox in self.intake.inboxes],
+            finished=[FinishedDocument.of(s) for s in self.activity.finished],
+            history=self.activity.history(),
+        )
+
+    def _inbox_status(self, inbox: Inbox, now: float) -> InboxStatus:
+        waiting = self.intake.arriving(inbox, now) + self.dispatcher.queued(inbox, now)
+        waiting.sort(key=lambda f: -f.waiting_seconds)
+        root = str(inbox.config.path)
+        return InboxStatus(
+            path=root,
+            watching=inbox.watcher.watching,
+            waiting_count=len(waiting),
+            oldest_waiting_seconds=round(waiting[0].waiting_seconds, 1) if waiting else None,
+            waiting=[w.model_copy(update={"waiting_seconds": round(w.waiting_seconds, 1)})
+                     for w in waiting[:WAITING_LISTED]],
+            in_flight=[
+                flight.report(now)
+                for flight in self.runner.in_flight.values()
+                if flight.inbox == root
+            ],
+            blocked=self.intake.blocked_files(inbox),
+        )  # fmt: skip
+
+
+def _due(tick: int, seconds: float) -> bool:
+    return tick % max(1, round(seconds / TICK_SECONDS)) == 0
