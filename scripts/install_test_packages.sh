@@ -3,6 +3,8 @@
 # as CI runs):
 #   fuse3     the SMB-like share of tests/test_storage.py
 #   chromium  the status page test of tests/test_http.py (a real headless browser)
+#   poppler-utils  pdftotext and pdftoppm: what a searchable PDF shows other readers
+#   ghostscript    PDF/A-2b for archival searchable PDFs that pikepdf alone cannot make
 #   systemd   253 or newer, for `systemd-analyze verify` of the unit's Type=notify-reload
 #             (Debian 12 ships 252; its backports have 254)
 set -euo pipefail
@@ -12,7 +14,7 @@ installed() {
 }
 
 missing=()
-for package in fuse3 chromium; do
+for package in fuse3 chromium poppler-utils ghostscript; do
   installed "$package" || missing+=("$package")
 done
 
