@@ -7,17 +7,17 @@ content, fonts or image data (LZW streams, which PDF/A forbids, become Flate), t
 what it wrote and validates it against the veraPDF rules for PDF/A-2b. Its validator is an
 allowlist: whatever it does not know to conform is refused, so a pass can be trusted.
 
-A file that this refuses (fonts that are not embedded, say) goes through Ghostscript's
-pdfwrite in PDF/A-2 mode, which embeds fonts and rewrites the whole file (images kept
-lossless: JPEG passed through, others Flate, nothing downsampled), and then through the
-same preparation and validation. What still does not pass is refused with the validator's
+A file that this refuses (fonts that are not embedded, JPEG 2000 images the validator
+cannot check, say) goes through Ghostscript's pdfwrite in PDF/A-2 mode, which embeds fonts
+and rewrites the whole file (JPEG passed through, other images, JPEG 2000 included, decoded
+and stored as Flate, nothing downsampled), and then through the same preparation and
+validation. What still does not pass is refused with the validator's
 findings, never written as a PDF/A that is not one.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import shutil
 import signal
 import subprocess
@@ -87,7 +87,7 @@ def ghostscript_pdfa(
     command = [
         GHOSTSCRIPT, "-q", "-dSAFER", "-dBATCH", "-dNOPAUSE", "-sDEVICE=pdfwrite",
         "-dPDFA=2", "-dPDFACompatibilityPolicy=1", "-sColorConversionStrategy=RGB",
-        "-dPassThroughJPEGImages=true", "-dPassThroughJPXImages=true",
+        "-dPassThroughJPEGImages=true", "-dPassThroughJPXImages=false",
         "-dAutoFilterColorImages=false", "-sColorImageFilter=FlateEncode",
         "-dAutoFilterGrayImages=false", "-sGrayImageFilter=FlateEncode",
         "-dDownsampleColorImages=false", "-dDownsampleGrayImages=false",
@@ -114,31 +114,3 @@ def ghostscript_pdfa(
         raise PdfaError(
             f"Ghostscript could not make the PDF/A (exit {result.returncode}: {detail})"
         )
-
-
-def convert_to_pdfa(
-    path: Path, passwords: Sequence[str] = (), timeout_seconds: float = 600.0
-) -> str:
-    """Make the file at `path` PDF/A-2b in place; which way did it ("pikepdf", or
-    "ghostscript" where pikepdf alone was refused). PdfaError if neither passes."""
-    staged = path.with_name(f".{path.name}.pdfa")
-    rewritten = path.with_name(f".{path.name}.gs")
-    try:
-        try:
-            save_validated(path, staged, passwords)
-            way = "pikepdf"
-        except PdfaError as first:
-            try:
-                ghostscript_pdfa(path, rewritten, passwords, timeout_seconds)
-                save_validated(rewritten, staged)
-            except PdfaError as second:
-                raise PdfaError(
-                    f"cannot be made PDF/A-{FLAVOUR}: {second} (before Ghostscript: {first})",
-                    second.findings or first.findings,
-                ) from None
-            way = "ghostscript"
-        os.replace(staged, path)
-        return way
-    finally:
-        staged.unlink(missing_ok=True)
-        rewritten.unlink(missing_ok=True)

@@ -44,7 +44,14 @@ from ocrd.textlayer import PlacedLine, page_lines
 
 FONT_NAME = "OcrdInvisibleText"  # the font's name in the PDF (BaseFont)
 FONT_RESOURCE = "OcrdText"  # its name in a page's resources (another if taken)
-GLYPH_ADVANCE = 500  # every glyph's width, in thousandths of the font size
+GLYPH_ADVANCE = 500  # every glyph's width, in thousandths of the font size...
+SPACE_ADVANCE = 350  # ...but a space's, narrower as in type (a gutter is wider than a word
+# gap) yet wide enough that readers see a word break even at MIN_SCALE (poppler's raw order
+# wants 0.15 of the size)
+SPACE = 0x20
+# Horizontal scaling (percent) below which readers take a word's letters for overprinted
+# duplicates and drop them (poppler does below 10 % of the size between two letters).
+MIN_SCALE = 50.0
 ASCENT, DESCENT = 800, -200  # so a line's font size is its box's height, baseline 1/5 up
 # A PDF page with this much text of its own is searchable already: a second layer would
 # double every search hit (a stamp or a page number is less).
@@ -80,16 +87,18 @@ class SearchablePdfResult:
 
 @functools.cache
 def font_program() -> bytes:
-    """A TrueType font of two empty glyphs, 500 units wide on a 1000-unit em: what makes
-    the text invisible to every renderer and any character writable."""
+    """A TrueType font of empty glyphs on a 1000-unit em, one 500 units wide for every
+    character and a narrower one for the space: what makes the text invisible to every
+    renderer and any character writable."""
     from fontTools.fontBuilder import FontBuilder
     from fontTools.pens.ttGlyphPen import TTGlyphPen
 
     builder = FontBuilder(1000, isTTF=True)
-    builder.setupGlyphOrder([".notdef", "blank"])
-    builder.setupCharacterMap({0x20: "blank"})
-    builder.setupGlyf({name: TTGlyphPen(None).glyph() for name in (".notdef", "blank")})
-    builder.setupHorizontalMetrics({".notdef": (GLYPH_ADVANCE, 0), "blank": (GLYPH_ADVANCE, 0)})
+    widths = {".notdef": GLYPH_ADVANCE, "blank": GLYPH_ADVANCE, "space": SPACE_ADVANCE}
+    builder.setupGlyphOrder(list(widths))
+    builder.setupCharacterMap({SPACE: "space", 0xA0: "blank"})
+    builder.setupGlyf({name: TTGlyphPen(None).glyph() for name in widths})
+    builder.setupHorizontalMetrics({name: (width, 0) for name, width in widths.items()})
     builder.setupHorizontalHeader(ascent=ASCENT, descent=DESCENT)
     builder.setupNameTable({"familyName": FONT_NAME, "styleName": "Regular"})
     builder.setupOS2(
@@ -178,11 +187,14 @@ def _new_object(doc: Any, source: str) -> int:
 def add_font(doc: Any, encoding: TextEncoding) -> int:
     """The invisible font's objects in `doc`; the xref of its Type0 font dictionary.
 
-    A CIDFontType2 with Identity-H encoding: two-byte codes, each mapped to glyph 1 by the
-    CIDToGIDMap (never to .notdef, which PDF/A forbids to show), all 500 units wide."""
+    A CIDFontType2 with Identity-H encoding: two-byte codes, each mapped by the CIDToGIDMap
+    to glyph 1 (never to .notdef, which PDF/A forbids to show), 500 units wide, but the
+    space to glyph 2, 350 wide; the widths agree with the font program's."""
     program = font_program()
     file_xref = _new_stream(doc, program, f"<< /Length1 {len(program)} >>")
-    cid_to_gid = _new_stream(doc, b"\x00\x01" * 0x10000)
+    glyphs = bytearray(b"\x00\x01" * 0x10000)
+    glyphs[2 * SPACE : 2 * SPACE + 2] = b"\x00\x02"
+    cid_to_gid = _new_stream(doc, bytes(glyphs))
     to_unicode = _new_stream(doc, encoding.to_unicode_cmap())
     descriptor = _new_object(
         doc,
@@ -194,7 +206,8 @@ def add_font(doc: Any, encoding: TextEncoding) -> int:
         doc,
         f"<< /Type /Font /Subtype /CIDFontType2 /BaseFont /{FONT_NAME} "
         "/CIDSystemInfo << /Registry (Adobe) /Ordering (Identity) /Supplement 0 >> "
-        f"/FontDescriptor {descriptor} 0 R /DW {GLYPH_ADVANCE} /CIDToGIDMap {cid_to_gid} 0 R >>",
+        f"/FontDescriptor {descriptor} 0 R /DW {GLYPH_ADVANCE} /W [{SPACE} [{SPACE_ADVANCE}]] "
+        f"/CIDToGIDMap {cid_to_gid} 0 R >>",
     )
     return _new_object(
         doc,
@@ -231,6 +244,12 @@ def _number(value: float) -> str:
     return "0" if text in ("-0", "") else text
 
 
+def text_advance(text: str, encoding: TextEncoding) -> float:
+    """The width of `text` set at size 1 and no scaling."""
+    spaces = sum(1 for c in text if encoding.code(c) == SPACE)
+    return (spaces * SPACE_ADVANCE + (len(text) - spaces) * GLYPH_ADVANCE) / 1000
+
+
 def layer_content(
     lines: Sequence[PlacedLine],
     visible: Rect,
@@ -245,12 +264,16 @@ def layer_content(
     out = [f"q {matrix} cm", "BT", "3 Tr"]
     for line in lines:
         text = line.text
-        size = (line.bottom - line.top) * height
+        row = (line.bottom - line.top) * height
         span = (line.right - line.left) * width
-        if not text or size <= 0 or span <= 0:
+        if not text or row <= 0 or span <= 0:
             continue
-        scale = 100 * span / (len(text) * GLYPH_ADVANCE / 1000 * size)
-        baseline = (1 - line.bottom) * height - DESCENT / 1000 * size
+        advance = text_advance(text, encoding)
+        # The type is as tall as the row, unless that squeezes it below MIN_SCALE (a box
+        # taller than its text is wide: sideways text): then smaller, centred in the row.
+        size = min(row, 100 * span / (advance * MIN_SCALE))
+        scale = 100 * span / (advance * size)
+        baseline = (1 - line.bottom) * height + (row - size) / 2 - DESCENT / 1000 * size
         out += [
             f"/{resource} {_number(size)} Tf {_number(scale)} Tz",
             f"1 0 0 1 {_number(line.left * width)} {_number(baseline)} Tm",
@@ -367,7 +390,7 @@ def image_dpi(info: dict[str, Any], size: tuple[int, int]) -> tuple[float, float
     one that makes it as long as an A4 page (never less than 72: a small image keeps a
     point a pixel)."""
     with contextlib.suppress(TypeError, ValueError, IndexError):
-        x, y = (float(v) for v in info["dpi"][:2])
+        x, y = (float(v) for v in info.get("dpi", ())[:2])
         if MIN_IMAGE_DPI <= x <= MAX_IMAGE_DPI and MIN_IMAGE_DPI <= y <= MAX_IMAGE_DPI:
             return x, y
     dpi = max(72.0, max(size) / DEFAULT_PAGE_LONG_SIDE_INCHES)
@@ -412,29 +435,20 @@ def _fsync(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _is_whole_pdf(
-    files: Sequence[tuple[Path, InputFormat]], page_order: Sequence[tuple[int, int]], count: int
-) -> bool:
-    """A document that is one PDF's pages in their own order: updated in place."""
-    return (
-        len(files) == 1
-        and files[0][1] is InputFormat.pdf
-        and list(page_order) == [(0, n) for n in range(1, count + 1)]
-    )
-
-
-def _lay_text(doc: Any, layers: Sequence[list[PlacedLine]], from_pdf: Sequence[bool]) -> tuple[
-    list[int], list[int]
-]:  # fmt: skip
-    """Add each page's layer to `doc` (whose pages are the document's, in order)."""
+def _lay_text(
+    doc: Any, layers: Sequence[list[PlacedLine]], only: Sequence[int] | None = None
+) -> tuple[list[int], list[int]]:
+    """Add each page's layer to `doc` (whose pages are the document's, in order): pages
+    (1-based) that got one, and pages left alone for their own text. With `only`, exactly
+    those pages get theirs."""
     encoding = TextEncoding.for_lines(line for lines in layers for line in lines)
     layered, own_text = [], []
     font_xref = 0
     for index, lines in enumerate(layers):
-        if not lines:
+        if not lines or (only is not None and index + 1 not in only):
             continue
         page = doc[index]
-        if from_pdf[index] and has_own_text(page):
+        if only is None and has_own_text(page):
             own_text.append(index + 1)
             continue
         font_xref = font_xref or add_font(doc, encoding)
@@ -443,19 +457,24 @@ def _lay_text(doc: Any, layers: Sequence[list[PlacedLine]], from_pdf: Sequence[b
     return layered, own_text
 
 
-def _update_pdf(
-    source: Path, passwords: Sequence[str], layers: Sequence[list[PlacedLine]], target: Path
+def _layered_copy(
+    base: Path,
+    target: Path,
+    passwords: Sequence[str],
+    layers: Sequence[list[PlacedLine]],
+    only: Sequence[int] | None = None,
 ) -> tuple[list[int], list[int], bool]:
-    """The original PDF with its layer appended as an incremental update (or, where MuPDF
-    had to repair the file to read it, saved whole with its streams as they are)."""
-    shutil.copyfile(source, target)
+    """`base` copied to `target` with the layer appended as an incremental update: the
+    base's bytes come first, unchanged. Where MuPDF had to repair the file to read it,
+    the file is saved whole instead, its streams as they are (the third value False)."""
+    shutil.copyfile(base, target)
     doc = open_pdf(target, passwords)
     try:
         if doc.page_count != len(layers):
             raise SearchablePdfError(
-                f"{source.name} has {doc.page_count} pages, the recognised text {len(layers)}"
+                f"{base.name} has {doc.page_count} pages, the recognised text {len(layers)}"
             )
-        layered, own_text = _lay_text(doc, layers, [True] * len(layers))
+        layered, own_text = _lay_text(doc, layers, only)
         if not layered:
             return layered, own_text, True  # the copy is the output
         if doc.can_save_incrementally():
@@ -484,15 +503,14 @@ def _set_document_information(doc: Any, first_pdf: Any | None) -> None:
     doc.set_metadata(info)
 
 
-def _assemble(
+def assemble(
     files: Sequence[tuple[Path, InputFormat]],
     page_order: Sequence[tuple[int, int]],
-    passwords: Sequence[str],
-    layers: Sequence[list[PlacedLine]],
     target: Path,
-) -> tuple[list[int], list[int]]:
+    passwords: Sequence[str] = (),
+) -> None:
     """A new PDF of the document's pages in order: PDF pages copied with their streams as
-    they are, images as pages of their own; then the layer."""
+    they are (and their annotations), each image a page of its own."""
     import pymupdf
 
     sources: dict[int, Any] = {}
@@ -508,24 +526,16 @@ def _assemble(
                 )
             source = sources[file_index]
             if not 1 <= number <= source.page_count:
-                name = files[file_index][0].name
-                raise SearchablePdfError(f"{name} has no page {number}")
+                raise SearchablePdfError(f"{files[file_index][0].name} has no page {number}")
             # final=0 keeps the map of copied objects: resources shared by pages copy once.
             out.insert_pdf(source, from_page=number - 1, to_page=number - 1, final=0)
-        from_pdf = [files[i][1] is InputFormat.pdf for i, _ in page_order]
-        layered, own_text = _lay_text(out, layers, from_pdf)
-        pdfs = [
-            sources[i]
-            for i, (_, fmt) in enumerate(files)
-            if fmt is InputFormat.pdf and i in sources
-        ]
+        pdfs = [sources[i] for i, (_, fmt) in enumerate(files) if fmt is InputFormat.pdf]
         _set_document_information(out, pdfs[0] if pdfs else None)
         out.save(target, garbage=1, deflate=False, expand=0, clean=False)
     finally:
         out.close()
         for source in sources.values():
             source.close()
-    return layered, own_text
 
 
 def write_searchable_pdf(
@@ -544,31 +554,74 @@ def write_searchable_pdf(
 
     `files` and `page_order` are what `ocrd/sources.py` gives (each file with its format;
     (file index, page in file) for each document page in reading order); `pages` the
-    document's recognised pages in the same order. With `archive`, the file is PDF/A-2b
-    (Ghostscript; see `ocrd/pdfa.py`)."""
+    document's recognised pages in the same order; `passwords` those of the inbox, for
+    encrypted PDFs. With `archive`, the file is PDF/A-2b (see `ocrd/pdfa.py`); where that
+    cannot be, SearchablePdfError with the validator's findings."""
     if len(pages) != len(page_order):
         raise SearchablePdfError(
             f"{len(page_order)} pages in the document, but {len(pages)} recognised"
         )
     layers = [page_lines(page) for page in pages]
+    assembled = target.with_name(f".{target.name}.pages")
     try:
-        incremental = False
-        if _is_whole_pdf(files, page_order, len(pages)):
-            layered, own_text, incremental = _update_pdf(files[0][0], passwords, layers, target)
+        if (
+            len(files) == 1
+            and files[0][1] is InputFormat.pdf
+            and list(page_order) == [(0, n) for n in range(1, len(pages) + 1)]
+        ):
+            base = files[0][0]  # one PDF, its pages in their order: updated as it is
         else:
-            layered, own_text = _assemble(files, page_order, passwords, layers, target)
-        route = _archive(target, passwords, archive_timeout_seconds) if archive else None
+            assemble(files, page_order, assembled, passwords)
+            base = assembled
+        layered, own_text, appended = _layered_copy(base, target, passwords, layers)
+        incremental = appended and base is not assembled  # the input's own bytes come first
+        route = None
+        if archive:
+            route = _archive(base, target, passwords, layers, layered, archive_timeout_seconds)
+            incremental = False
         _fsync(target)
     except BaseException:
         target.unlink(missing_ok=True)
         raise
-    return SearchablePdfResult(len(pages), layered, own_text, incremental and route is None, route)
+    finally:
+        assembled.unlink(missing_ok=True)
+    return SearchablePdfResult(len(pages), layered, own_text, incremental, route)
 
 
-def _archive(path: Path, passwords: Sequence[str], timeout_seconds: float) -> str:
-    from ocrd.pdfa import PdfaError, convert_to_pdfa
+def _archive(
+    base: Path,
+    target: Path,
+    passwords: Sequence[str],
+    layers: Sequence[list[PlacedLine]],
+    layered: Sequence[int],
+    timeout_seconds: float,
+) -> str:
+    """Make `target` (`base` with its layer) PDF/A-2b: as it is where pikepdf's preparation
+    passes its validator; otherwise `base` through Ghostscript, the same layer laid over
+    that (Ghostscript never rewrites the layer's font or positions), and validated. Which
+    way it went; SearchablePdfError with the findings where neither passes."""
+    from ocrd.pdfa import PdfaError, ghostscript_pdfa, save_validated
 
+    staged = target.with_name(f".{target.name}.pdfa")
+    rewritten = target.with_name(f".{target.name}.gs")
+    relayered = target.with_name(f".{target.name}.gs-layer")
     try:
-        return convert_to_pdfa(path, passwords, timeout_seconds)
-    except PdfaError as error:
-        raise SearchablePdfError(str(error), error.findings) from None
+        try:
+            save_validated(target, staged, passwords)
+            route = "pikepdf"
+        except PdfaError as first:
+            try:
+                ghostscript_pdfa(base, rewritten, passwords, timeout_seconds)
+                _layered_copy(rewritten, relayered, (), layers, only=layered)
+                save_validated(relayered, staged)
+            except PdfaError as second:
+                raise SearchablePdfError(
+                    f"cannot be made PDF/A-2b: {second} (before Ghostscript: {first})",
+                    second.findings or first.findings,
+                ) from None
+            route = "ghostscript"
+        os.replace(staged, target)
+        return route
+    finally:
+        for path in (staged, rewritten, relayered):
+            path.unlink(missing_ok=True)

@@ -254,29 +254,47 @@ def _tokens(text: str) -> list[tuple[str, bool]]:
     return tokens
 
 
-def wrap_balanced(text: str, rows: int) -> list[str]:
-    """`text` in at most `rows` lines of about equal width, broken between words (or
-    between wide characters)."""
+@dataclass(frozen=True)
+class Row:
+    """One row of a wrapped line, and how much of the measure it fills (the last row of a
+    paragraph stops short, as in type)."""
+
+    text: str
+    share: float = 1.0
+
+
+def _fill(widths: Sequence[float], measure: float) -> list[int]:
+    """Where rows start when tokens of `widths` fill rows of `measure` one after another."""
+    starts, used = [0], 0.0
+    for index, width in enumerate(widths):
+        if index and used + width > measure:
+            starts.append(index)
+            used = 0.0
+        used += width
+    return starts
+
+
+def wrap_filled(text: str, rows: int) -> list[Row]:
+    """`text` in at most `rows` rows filled one after the other, at the narrowest measure
+    that needs no more rows: full rows and a shorter last one, as a paragraph is set.
+    Breaks fall between words, or between wide (CJK) characters."""
     tokens = _tokens(text)
-    rows = min(rows, len(tokens))
-    if rows <= 1:
-        return [" ".join(text.split())] if tokens else []
+    if not tokens:
+        return []
+    if rows <= 1 or len(tokens) == 1:
+        return [Row(" ".join(text.split()))]
     widths = [_width_units(token) + (1 if space else 0) for token, space in tokens]
-    starts = [0.0]
-    for width in widths:
-        starts.append(starts[-1] + width)
-    total = starts[-1]
-    breaks, previous = [], 0
-    for row in range(1, rows):
-        target = total * row / rows
-        candidates = range(previous + 1, len(tokens) - (rows - row) + 1)
-        previous = min(candidates, key=lambda index: abs(starts[index] - target))
-        breaks.append(previous)
-    lines = []
-    for begin, end in zip([0, *breaks], [*breaks, len(tokens)], strict=True):
+    low, high = max(max(widths), sum(widths) / rows), float(sum(widths))
+    for _ in range(32):  # bisect the measure: at most `rows` rows, as narrow as can be
+        middle = (low + high) / 2
+        low, high = (low, middle) if len(_fill(widths, middle)) <= rows else (middle, high)
+    starts = _fill(widths, high)
+    filled = []
+    for begin, end in zip(starts, [*starts[1:], len(tokens)], strict=True):
         row = tokens[begin:end]
-        lines.append(row[0][0] + "".join((" " if space else "") + word for word, space in row[1:]))
-    return lines
+        text_of_row = row[0][0] + "".join((" " if space else "") + word for word, space in row[1:])
+        filled.append(Row(text_of_row, min(1.0, sum(widths[begin:end]) / high)))
+    return [Row(row.text) for row in filled[:-1]] + [filled[-1]]
 
 
 def row_counts(units: Sequence[int], width: float, height: float) -> list[int]:
@@ -297,8 +315,9 @@ def row_counts(units: Sequence[int], width: float, height: float) -> list[int]:
 def lay_out_block(
     lines: Sequence[str], region: Region, page_size: tuple[float, float], wrap: bool = True
 ) -> list[PlacedLine]:
-    """A block's lines spread over its box, top to bottom, each row as wide as the box; with
-    `wrap`, long lines are broken into as many rows as the box's size suggests."""
+    """A block's lines spread over its box, top to bottom, each row as wide as the box (the
+    last row of a wrapped line as wide as its text); with `wrap`, long lines are broken into
+    as many rows as the box's size suggests."""
     left, top, right, bottom = region
     width, height = (right - left) * page_size[0], (bottom - top) * page_size[1]
     lines = [line for line in lines if line.strip()]
@@ -307,12 +326,18 @@ def lay_out_block(
     if wrap:
         counts = row_counts([_width_units(line) for line in lines], width, height)
         rows = [row for line, count in zip(lines, counts, strict=True)
-                for row in wrap_balanced(line, count)]  # fmt: skip
+                for row in wrap_filled(line, count)]  # fmt: skip
     else:
-        rows = list(lines)
+        rows = [Row(" ".join(line.split())) for line in lines]
     pitch = (bottom - top) / len(rows)
     return [
-        PlacedLine(row, left, top + index * pitch, right, top + (index + 1) * pitch)
+        PlacedLine(
+            row.text,
+            left,
+            top + index * pitch,
+            left + row.share * (right - left),
+            top + (index + 1) * pitch,
+        )
         for index, row in enumerate(rows)
     ]
 
