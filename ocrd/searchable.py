@@ -40,6 +40,7 @@ from PIL import Image
 
 from ocrd import __version__
 from ocrd.domain import InputFormat, PageResult
+from ocrd.files import temporary_path
 from ocrd.textlayer import PlacedLine, page_lines
 
 FONT_NAME = "OcrdInvisibleText"  # the font's name in the PDF (BaseFont)
@@ -562,7 +563,7 @@ def write_searchable_pdf(
             f"{len(page_order)} pages in the document, but {len(pages)} recognised"
         )
     layers = [page_lines(page) for page in pages]
-    assembled = target.with_name(f".{target.name}.pages")
+    assembled = temporary_path(target.parent)  # a killed worker's are swept at start
     try:
         if (
             len(files) == 1
@@ -602,9 +603,7 @@ def _archive(
     way it went; SearchablePdfError with the findings where neither passes."""
     from ocrd.pdfa import PdfaError, ghostscript_pdfa, save_validated
 
-    staged = target.with_name(f".{target.name}.pdfa")
-    rewritten = target.with_name(f".{target.name}.gs")
-    relayered = target.with_name(f".{target.name}.gs-layer")
+    staged, rewritten, relayered = (temporary_path(target.parent) for _ in range(3))
     try:
         try:
             save_validated(target, staged, passwords)

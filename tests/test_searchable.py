@@ -554,6 +554,35 @@ def test_an_encrypted_pdf_stays_encrypted_and_its_password_opens_the_text(
     assert "simple" in pdf_words(doc.pdf, 1)
 
 
+def test_a_pdf_that_already_has_a_text_layer_gets_no_second_one(
+    recognised: dict[str, Converted], tmp_path: Path
+) -> None:
+    # The searchable PDF given as input again (as a scanner's own OCR would be): its pages
+    # have text of their own, so nothing is added, and the output is the input, unchanged.
+    doc = recognised["rotated_skew.pdf"]
+    again = write_searchable_pdf(
+        [(doc.pdf, InputFormat.pdf)], doc.order, doc.pages, tmp_path / "again.pdf"
+    )
+    assert again.layered_pages == [] and again.own_text_pages == [1]
+    assert (tmp_path / "again.pdf").read_bytes() == doc.pdf.read_bytes()
+
+
+def test_a_damaged_pdf_that_needs_repair_is_saved_whole_with_its_layer(
+    corpus: Path, tmp_path: Path
+) -> None:
+    source = corpus / "hostile" / "qpdf__bad-xref.pdf"  # its cross-reference table is broken
+    assert pymupdf.open(source).is_repaired
+    [page] = grounded_pages(
+        [corpus / "scans" / "phototest.tif"],
+        ["<|ref|>text<|/ref|><|det|>[[100, 500, 900, 540]]<|/det|>\nrecognised words here"],
+    )
+    target = tmp_path / "out.pdf"
+    result = write_searchable_pdf([(source, InputFormat.pdf)], [(0, 1)], [page], target)
+    assert result.layered_pages == [1] and not result.incremental
+    assert "recognised words here" in pdftotext(target, 1)
+    assert render(target, 1) == render(source, 1)
+
+
 def test_characters_of_any_script_copy_back_exactly(tmp_path: Path, corpus: Path) -> None:
     text = "Grüße ÆØÅ ﬁ — “quotes” Ελληνικά русский עברית العربية 中文文本 한국어 😀 𝔸 e\u0301"
     page = grounded_pages(
