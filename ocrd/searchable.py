@@ -11,12 +11,12 @@ pages are copied with their streams as they are; an image becomes a page of its 
 stores other images losslessly (G4 and bilevel scans as CCITT, PNG data as it is).
 
 The text is drawn in render mode 3 (invisible) with a font whose every character is one
-empty glyph of the same width, so any script can be written, and its ToUnicode map gives
-back the very characters: a search hit highlights the right line, and a selection copies
-the text in reading order. Each line is scaled to its box (font size to the box's height,
-horizontal scaling to its width), in a coordinate system set once per page from its
-/Rotate and its visible box (CropBox within MediaBox), so rotated and cropped pages come
-out right. Which text goes where is `ocrd/textlayer.py`'s business.
+empty glyph of one width (the space a narrower one), so any script can be written, and its
+ToUnicode map gives back the very characters: a search hit highlights the right line, and
+a selection copies the text in reading order. Each line is scaled to its box (font size to
+the box's height, horizontal scaling to its width), in a coordinate system set once per page
+from its /Rotate and its visible box (CropBox within MediaBox), so rotated and cropped pages
+come out right. Which text goes where is `ocrd/textlayer.py`'s business.
 
 Pages read from their own text layer, blank pages, pages the engine failed on, and PDF
 pages that already carry text of their own get no layer: never two layers on one page.

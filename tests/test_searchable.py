@@ -583,6 +583,43 @@ def test_a_damaged_pdf_that_needs_repair_is_saved_whole_with_its_layer(
     assert render(target, 1) == render(source, 1)
 
 
+@pytest.mark.parametrize("rotation", [0, 90, 180, 270])
+@pytest.mark.parametrize(
+    ("media", "crop"),
+    [("[0 0 612 792]", None), ("[-50 -30 562 762]", "[20 40 500 700]")],
+    ids=["plain", "offset boxes"],
+)
+def test_text_lands_where_the_page_shows_it_for_any_rotation_and_crop_box(
+    tmp_path: Path, rotation: int, media: str, crop: str | None
+) -> None:
+    doc = pymupdf.open()
+    page = doc.new_page()
+    doc.xref_set_key(page.xref, "MediaBox", media)
+    if crop:
+        doc.xref_set_key(page.xref, "CropBox", crop)
+    doc.xref_set_key(page.xref, "Rotate", str(rotation))
+    doc.save(tmp_path / "in.pdf")
+    width, height = shown_size(tmp_path / "in.pdf", 1)
+    box = (100, 200, 700, 240)  # of 999, on the page as shown
+    answer = f"<|ref|>text<|/ref|><|det|>[[{', '.join(map(str, box))}]]<|/det|>\nfound here"
+    page_result = assemble_page(
+        PageInfo(1, (round(width), round(height)), width, height),
+        PageText(answer, "stop"),
+        PromptMode.layout,
+    )
+    target = tmp_path / "out.pdf"
+    write_searchable_pdf([(tmp_path / "in.pdf", InputFormat.pdf)], [(0, 1)], [page_result], target)
+    [(first, (x0, y0, _, y1)), (second, (_, _, x1, _))] = bbox_words(target, 1)
+    assert (first, second) == ("found", "here")
+    expected = (
+        box[0] / 999 * width,
+        box[1] / 999 * height,
+        box[2] / 999 * width,
+        box[3] / 999 * height,
+    )
+    assert (x0, y0, x1, y1) == pytest.approx(expected, abs=0.5)
+
+
 def test_characters_of_any_script_copy_back_exactly(tmp_path: Path, corpus: Path) -> None:
     text = "Grüße ÆØÅ ﬁ — “quotes” Ελληνικά русский עברית العربية 中文文本 한국어 😀 𝔸 e\u0301"
     page = grounded_pages(
