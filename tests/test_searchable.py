@@ -9,6 +9,7 @@ model cannot run here), laid over those pages rasterised as scans.
 from __future__ import annotations
 
 import asyncio
+import html
 import io
 import re
 import shutil
@@ -86,12 +87,16 @@ def pdf_words(pdf: Path, number: int, *options: str) -> list[str]:
 
 
 def bbox_words(pdf: Path, number: int) -> list[tuple[str, Region]]:
-    """pdftotext's words with their boxes, in points of the page as shown."""
+    """pdftotext's words (unescaped from its XHTML) with their boxes, in points of the page
+    as shown."""
     found = re.findall(
         r'<word xMin="([-\d.]+)" yMin="([-\d.]+)" xMax="([-\d.]+)" yMax="([-\d.]+)">(.*?)</word>',
         pdftotext(pdf, number, "-bbox"),
     )
-    return [(text, (float(a), float(b), float(c), float(d))) for a, b, c, d, text in found]
+    return [
+        (html.unescape(text), (float(a), float(b), float(c), float(d)))
+        for a, b, c, d, text in found
+    ]
 
 
 def in_order_recall(expected: Sequence[str], found: Sequence[str]) -> float:
