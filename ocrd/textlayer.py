@@ -7,7 +7,8 @@ box it covers on the page as shown (fractions of its width and height, origin to
 - an engine that finds lines (RapidOCR) gives one box per line: each line fills its box;
 - DeepSeek-OCR-2 gives one box per block (a paragraph, a table, a formula): the block's
   lines are wrapped into as many rows as the box holds at its estimated type size, spread
-  over the box top to bottom, each row as wide as the box.
+  over the box top to bottom, filled as type is set (each row as wide as the box, the last
+  row of a paragraph as long as its words); a table is a row a line.
 
 Pages taken from their own text layer, blank pages and pages without text get no lines.
 """
