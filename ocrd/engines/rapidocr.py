@@ -193,6 +193,18 @@ def lines_to_markdown(lines: Sequence[TextLine]) -> str:
     )
 
 
+def reading_order(lines: Sequence[TextLine]) -> list[TextLine]:
+    """The lines in the order `lines_to_markdown` reads them: regions by XY-cut, each row by
+    row, a row left to right (what a searchable PDF's text layer follows)."""
+    lines = [line for line in lines if line.text.strip()]
+    if not lines:
+        return []
+    body_height = statistics.median(line.height for line in lines)
+    return [
+        line for region in _regions(lines, body_height) for row in _rows(region) for line in row
+    ]
+
+
 def _to_lines(boxes: Any, texts: Sequence[str]) -> list[TextLine]:
     result = []
     for box, text in zip(boxes, texts, strict=False):

@@ -1,0 +1,438 @@
+"""Where a page's recognised text goes in its searchable PDF: plain lines, each in a box.
+
+Pure functions, no PDF. A page's blocks become lines of plain text (Markdown, HTML tables and
+LaTeX reduced to the words a reader searches for and copies) in reading order, each with the
+box it covers on the page as shown (fractions of its width and height, origin top left):
+
+- an engine that finds lines (RapidOCR) gives one box per line: each line fills its box;
+- DeepSeek-OCR-2 gives one box per block (a paragraph, a table, a formula): the block's
+  lines are wrapped into as many rows as the box holds at its estimated type size, spread
+  over the box top to bottom, filled as type is set (each row as wide as the box, the last
+  row of a paragraph as long as its words); a table is a row a line.
+
+Pages taken from their own text layer, blank pages and pages without text get no lines.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import math
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html.parser import HTMLParser
+
+from ocrd.domain import PageResult, PageSource
+from ocrd.engines.rapidocr import TextLine, reading_order
+from ocrd.grounding import SCALE, Block, Box
+from ocrd.markdown import scrub_tags
+
+Region = tuple[float, float, float, float]  # left, top, right, bottom as fractions (0..1)
+
+# A character's advance over the distance between two lines of body text (about 0.5 em over
+# 1.2 em); it estimates how many rows a block's text fills in its box.
+ADVANCE_PER_PITCH = 0.42
+MIN_PITCH_PT = 3.0  # no row is estimated smaller than this
+# Where text without a box goes (plain-text prompt, text before the model's first tag):
+# the page inside a margin, so that it can be found, if not pointed at.
+PAGE_REGION: Region = (0.05, 0.05, 0.95, 0.95)
+MAX_SKEW_SLOPE = 0.2  # about 11 degrees; boxes taller than that are not skew
+MIN_WIDTH_DIFFERENCE = 0.1  # lines compared for the skew differ by a tenth of the longest
+MIN_TEXT_SHARE = 0.3  # a line's text is never estimated below this share of its box
+FAILED_FINISH_REASONS = frozenset({"error"})
+FORMULA_LABELS = frozenset({"equation", "formula", "isolate_formula", "interline_equation"})
+
+
+@dataclass(frozen=True)
+class PlacedLine:
+    """One line of the text layer: its plain text and the box it covers on the page as shown."""
+
+    text: str
+    left: float
+    top: float
+    right: float
+    bottom: float
+
+    @property
+    def region(self) -> Region:
+        return (self.left, self.top, self.right, self.bottom)
+
+
+# --- plain text of a block ------------------------------------------------------------------
+
+
+class _TableText(HTMLParser):
+    """An HTML table as rows of text: cells of a row joined by spaces."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.rows: list[list[str]] = [[]]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "tr" and any(self.rows[-1]):
+            self.rows.append([])
+        elif tag in ("td", "th", "br"):
+            self.rows[-1].append(" ")
+
+    def handle_data(self, data: str) -> None:
+        self.rows[-1].append(data)
+
+
+def table_rows(table: str) -> list[str]:
+    """The rows of an HTML table (complete or cut off) as lines of cell texts."""
+    reader = _TableText()
+    reader.feed(table)
+    reader.close()
+    return [line for row in reader.rows if (line := " ".join("".join(row).split()))]
+
+
+_SYMBOLS = {
+    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "varepsilon": "ε",
+    "zeta": "ζ", "eta": "η", "theta": "θ", "vartheta": "θ", "iota": "ι", "kappa": "κ",
+    "lambda": "λ", "mu": "μ", "nu": "ν", "xi": "ξ", "pi": "π", "rho": "ρ", "sigma": "σ",
+    "tau": "τ", "upsilon": "υ", "phi": "φ", "varphi": "φ", "chi": "χ", "psi": "ψ",
+    "omega": "ω", "Gamma": "Γ", "Delta": "Δ", "Theta": "Θ", "Lambda": "Λ", "Xi": "Ξ",
+    "Pi": "Π", "Sigma": "Σ", "Phi": "Φ", "Psi": "Ψ", "Omega": "Ω", "times": "×",
+    "cdot": "·", "div": "÷", "pm": "±", "mp": "∓", "leq": "≤", "le": "≤", "geq": "≥",
+    "ge": "≥", "neq": "≠", "ne": "≠", "approx": "≈", "equiv": "≡", "sim": "~", "infty": "∞",
+    "sum": "∑", "prod": "∏", "int": "∫", "oint": "∮", "partial": "∂", "nabla": "∇",
+    "rightarrow": "→", "to": "→", "leftarrow": "←", "Rightarrow": "⇒", "Leftrightarrow": "⇔",
+    "in": "∈", "notin": "∉", "subset": "⊂", "subseteq": "⊆", "cup": "∪", "cap": "∩",
+    "forall": "∀", "exists": "∃", "neg": "¬", "land": "∧", "lor": "∨", "degree": "°",
+    "circ": "∘", "ldots": "…", "cdots": "⋯", "dots": "…", "prime": "′", "star": "⋆",
+    "langle": "⟨", "rangle": "⟩", "propto": "∝", "perp": "⊥", "angle": "∠", "sqrt": "√",
+    "%": "%", "$": "$", "&": "&", "#": "#", "_": "_", "{": "{", "}": "}",
+}  # fmt: skip
+_TEXT_COMMANDS = frozenset(
+    {"text", "textrm", "textbf", "textit", "mathrm", "mathbf", "mathit", "mathsf", "mathtt",
+     "mathcal", "mathbb", "mathfrak", "boldsymbol", "operatorname", "mbox", "hat", "bar",
+     "vec", "tilde", "dot", "overline", "underline", "widehat", "widetilde"}
+)  # fmt: skip
+_SPACES = frozenset({",", ";", ":", "!", " ", "quad", "qquad", "enspace", "thinspace"})
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\s*\{[^{}]*\}(?:\s*\{[^{}]*\})?")
+_LATEX_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|.", re.DOTALL)  # a command, an escape, a character
+
+
+def latex_to_plain(latex: str) -> str:
+    """A formula as the text a reader would search for: commands become their symbols or
+    disappear, fractions read a/b, groups lose their braces; ^ and _ stay."""
+    tokens = _LATEX_TOKEN.findall(_ENVIRONMENT.sub(" ", latex))
+    text, _ = _latex_sequence(tokens, 0, closing=False)
+    return " ".join(text.split())
+
+
+def _latex_sequence(tokens: list[str], index: int, closing: bool) -> tuple[str, int]:
+    """Text of tokens from `index` up to the matching "}" (if `closing`) or the end."""
+    parts: list[str] = []
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "}":
+            if closing:
+                break
+            continue
+        if token == "{":
+            group, index = _latex_sequence(tokens, index, closing=True)
+            parts.append(group)
+        elif token in ("&", "~"):
+            parts.append(" ")
+        elif token == "\\\\":
+            parts.append("\n")
+        elif token.startswith("\\"):
+            text, index = _latex_command(token[1:], tokens, index)
+            parts.append(text)
+        else:
+            parts.append(token)
+    return "".join(parts), index
+
+
+def _latex_argument(tokens: list[str], index: int) -> tuple[str, int]:
+    """The next argument: a braced group, a command, or a single character."""
+    while index < len(tokens) and tokens[index].isspace():
+        index += 1
+    if index >= len(tokens) or tokens[index] == "}":
+        return "", index
+    if tokens[index] == "{":
+        return _latex_sequence(tokens, index + 1, closing=True)
+    if tokens[index].startswith("\\"):
+        return _latex_command(tokens[index][1:], tokens, index + 1)
+    return tokens[index], index + 1
+
+
+def _latex_command(name: str, tokens: list[str], index: int) -> tuple[str, int]:
+    if name == "frac" or name in ("dfrac", "tfrac"):
+        numerator, index = _latex_argument(tokens, index)
+        denominator, index = _latex_argument(tokens, index)
+        return f"{numerator}/{denominator}", index
+    if name == "sqrt":
+        radicand, index = _latex_argument(tokens, index)
+        return f"√{radicand}", index
+    if name in _TEXT_COMMANDS:
+        return _latex_argument(tokens, index)
+    if name in _SPACES:
+        return " ", index
+    if name in _SYMBOLS:
+        return f" {_SYMBOLS[name]} " if len(name) > 1 else _SYMBOLS[name], index
+    return "", index  # \left, \right, \displaystyle, sizes, unknown commands: no text
+
+
+_MATH = re.compile(r"\\\((.+?)\\\)|\\\[(.+?)\\\]|\$\$(.+?)\$\$", re.DOTALL)
+_TABLE = re.compile(r"<table\b.*?(?:</table>|\Z)", re.DOTALL | re.IGNORECASE)
+_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
+_TAG = re.compile(r"</?[A-Za-z][^<>]*>")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+")
+_QUOTE = re.compile(r"^\s*(?:>\s?)+")
+_BULLET = re.compile(r"^\s*[-*+•]\s+")
+_RULE = re.compile(r"^\s*(?:(?:\*\s*){3,}|(?:-\s*){3,}|(?:_\s*){3,})$")
+_PIPE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(?:\|\s*:?-{2,}:?\s*)*\|?\s*$")
+_IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")
+_LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
+_STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
+_EMPHASIS = re.compile(r"(?<![\w*])([*_])(?=\S)(.+?)(?<=\S)\1(?![\w*])")
+_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|>])")
+
+
+def markdown_line_to_plain(line: str) -> str:
+    """One line of Markdown without its markup: headings, quotes, bullets, emphasis, links,
+    code marks, pipe-table bars and escapes."""
+    if _RULE.match(line) or _PIPE_SEPARATOR.match(line):
+        return ""
+    line = _BULLET.sub("", _QUOTE.sub("", _HEADING.sub("", line)))
+    if line.lstrip().startswith("|"):
+        line = " ".join(cell.strip() for cell in re.split(r"(?<!\\)\|", line))
+    line = _LINK.sub(r"\1", _IMAGE.sub(r"\1", line))
+    line = _EMPHASIS.sub(r"\2", _STRONG.sub(r"\2", line)).replace("`", "")
+    return " ".join(_ESCAPE.sub(r"\1", line).split())
+
+
+def _math_to_plain(match: re.Match[str]) -> str:
+    return latex_to_plain(next(group for group in match.groups() if group is not None))
+
+
+def block_lines(block: Block) -> list[str]:
+    """A block's text as plain lines: a table a line per row, a formula as plain text."""
+    if block.label == "image":
+        return []
+    text = scrub_tags(block.content)
+    if block.label in FORMULA_LABELS:
+        text = _MATH.sub(_math_to_plain, text)
+        text = latex_to_plain(text.replace("$$", " ")) if "\\" in text else text
+    else:
+        text = _MATH.sub(_math_to_plain, text)
+    text = _TABLE.sub(lambda match: "\n" + "\n".join(table_rows(match.group(0))) + "\n", text)
+    text = html.unescape(_TAG.sub("", _BREAK.sub("\n", text)))
+    return [plain for line in text.split("\n") if (plain := markdown_line_to_plain(line))]
+
+
+# --- rows of a block ------------------------------------------------------------------------
+
+
+def _is_wide(character: str) -> bool:
+    return unicodedata.east_asian_width(character) in "WF"
+
+
+def _width_units(text: str) -> int:
+    """A text's width in narrow characters: wide (CJK) characters count twice, marks not."""
+    return sum(0 if unicodedata.combining(c) else 2 if _is_wide(c) else 1 for c in text)
+
+
+def _tokens(text: str) -> list[tuple[str, bool]]:
+    """Words, each wide (CJK) character a word of its own since such text breaks between
+    any two, with whether a space comes before each."""
+    tokens: list[tuple[str, bool]] = []
+    for word in text.split():
+        pieces, run = [], ""
+        for character in word:
+            if _is_wide(character):
+                pieces.extend([run, character] if run else [character])
+                run = ""
+            else:
+                run += character
+        pieces.extend([run] if run else [])
+        tokens.extend((piece, index == 0 and bool(tokens)) for index, piece in enumerate(pieces))
+    return tokens
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a wrapped line, and how much of the measure it fills (the last row of a
+    paragraph stops short, as in type)."""
+
+    text: str
+    share: float = 1.0
+
+
+def _fill(widths: Sequence[float], measure: float) -> list[int]:
+    """Where rows start when tokens of `widths` fill rows of `measure` one after another."""
+    starts, used = [0], 0.0
+    for index, width in enumerate(widths):
+        if index and used + width > measure:
+            starts.append(index)
+            used = 0.0
+        used += width
+    return starts
+
+
+def wrap_filled(text: str, rows: int) -> list[Row]:
+    """`text` in at most `rows` rows filled one after the other, at the narrowest measure
+    that needs no more rows: full rows and a shorter last one, as a paragraph is set.
+    Breaks fall between words, or between wide (CJK) characters."""
+    tokens = _tokens(text)
+    if not tokens:
+        return []
+    if rows <= 1 or len(tokens) == 1:
+        return [Row(" ".join(text.split()))]
+    widths = [_width_units(token) + (1 if space else 0) for token, space in tokens]
+    low, high = max(max(widths), sum(widths) / rows), float(sum(widths))
+    for _ in range(32):  # bisect the measure: at most `rows` rows, as narrow as can be
+        middle = (low + high) / 2
+        low, high = (low, middle) if len(_fill(widths, middle)) <= rows else (middle, high)
+    starts = _fill(widths, high)
+    filled = []
+    for begin, end in zip(starts, [*starts[1:], len(tokens)], strict=True):
+        row = tokens[begin:end]
+        text_of_row = row[0][0] + "".join((" " if space else "") + word for word, space in row[1:])
+        filled.append(Row(text_of_row, min(1.0, sum(widths[begin:end]) / high)))
+    return [Row(row.text) for row in filled[:-1]] + [filled[-1]]
+
+
+def row_counts(units: Sequence[int], width: float, height: float) -> list[int]:
+    """How many rows each of a block's lines fills in a box `width` x `height` (points): the
+    fewest rows at which every line, set at the row pitch, fits the width."""
+    if not units:
+        return []
+    most = max(len(units), int(height / MIN_PITCH_PT))
+    counts = [1] * len(units)
+    for total in range(len(units), most + 1):
+        pitch = height / total
+        counts = [max(1, math.ceil(u * ADVANCE_PER_PITCH * pitch / width - 1e-9)) for u in units]
+        if sum(counts) <= total:
+            break
+    return counts
+
+
+def lay_out_block(
+    lines: Sequence[str], region: Region, page_size: tuple[float, float], wrap: bool = True
+) -> list[PlacedLine]:
+    """A block's lines spread over its box, top to bottom, each row as wide as the box (the
+    last row of a wrapped line as wide as its text); with `wrap`, long lines are broken into
+    as many rows as the box's size suggests."""
+    left, top, right, bottom = region
+    width, height = (right - left) * page_size[0], (bottom - top) * page_size[1]
+    lines = [line for line in lines if line.strip()]
+    if not lines or width <= 0 or height <= 0:
+        return []
+    if wrap:
+        counts = row_counts([_width_units(line) for line in lines], width, height)
+        rows = [row for line, count in zip(lines, counts, strict=True)
+                for row in wrap_filled(line, count)]  # fmt: skip
+    else:
+        rows = [Row(" ".join(line.split())) for line in lines]
+    pitch = (bottom - top) / len(rows)
+    return [
+        PlacedLine(
+            row.text,
+            left,
+            top + index * pitch,
+            left + row.share * (right - left),
+            top + (index + 1) * pitch,
+        )
+        for index, row in enumerate(rows)
+    ]
+
+
+def _fractions(box: Box) -> Region:
+    return (box.x1 / SCALE, box.y1 / SCALE, box.x2 / SCALE, box.y2 / SCALE)
+
+
+def _share_between_boxes(lines: list[str], boxes: Sequence[Box]) -> list[list[str]]:
+    """A block's lines given to its boxes in order, in proportion to the boxes' areas."""
+    areas = [max((b.x2 - b.x1) * (b.y2 - b.y1), 1.0) for b in boxes]
+    units = [max(_width_units(line), 1) for line in lines]
+    shares: list[list[str]] = [[] for _ in boxes]
+    total, seen, box = sum(units), 0, 0
+    bounds = [sum(areas[: i + 1]) / sum(areas) * total for i in range(len(boxes))]
+    for line, width in zip(lines, units, strict=True):
+        while box < len(boxes) - 1 and seen + width / 2 > bounds[box]:
+            box += 1
+        shares[box].append(line)
+        seen += width
+    return shares
+
+
+def block_placements(
+    block: Block, page_size: tuple[float, float], region: Region = PAGE_REGION
+) -> list[PlacedLine]:
+    """A grounding block's plain lines in its boxes; a block without a box in `region`."""
+    lines = block_lines(block)
+    wrap = block.label != "table" and "<table" not in block.content.lower()
+    if not block.boxes:
+        return lay_out_block(lines, region, page_size, wrap)
+    shares = _share_between_boxes(lines, block.boxes)
+    return [
+        placed
+        for box, share in zip(block.boxes, shares, strict=True)
+        for placed in lay_out_block(share, _fractions(box), page_size, wrap)
+    ]
+
+
+def skew_slope(lines: Sequence[TextLine]) -> float:
+    """How much taller a line's box gets per unit of its width on this page: the box of a
+    line on a skewed scan holds the text's height plus its width times the skew, the same
+    for every line. The median of the slopes between lines of clearly different widths
+    (Theil-Sen) is not thrown off by headings; never below 0, at most MAX_SKEW_SLOPE."""
+    if len(lines) < 3:
+        return 0.0
+    longest = max(line.x1 - line.x0 for line in lines)
+    slopes = sorted(
+        (b.height - a.height) / ((b.x1 - b.x0) - (a.x1 - a.x0))
+        for a, b in itertools.combinations(lines, 2)
+        if abs((b.x1 - b.x0) - (a.x1 - a.x0)) > MIN_WIDTH_DIFFERENCE * longest
+    )
+    if not slopes:
+        return 0.0
+    return min(max(slopes[len(slopes) // 2], 0.0), MAX_SKEW_SLOPE)
+
+
+def _line_placements(blocks: Sequence[Block]) -> list[PlacedLine]:
+    """An engine's own text lines, in the reading order of its Markdown. Each fills its box's
+    width; its height is the text's, centred in the box, so that the lines of a skewed scan
+    (whose upright boxes overlap) do not run into each other."""
+    lines = [
+        TextLine(block.boxes[0].x1, block.boxes[0].y1, block.boxes[0].x2, block.boxes[0].y2,
+                 " ".join(block.content.split()))
+        for block in blocks
+        if block.boxes and block.content.strip()
+    ]  # fmt: skip
+    lines = [line for line in lines if line.x1 > line.x0 and line.y1 > line.y0]
+    slope = skew_slope(lines)
+    placed = []
+    for line in reading_order(lines):
+        height = max(line.height - slope * (line.x1 - line.x0), MIN_TEXT_SHARE * line.height)
+        top = line.centre_y - height / 2
+        placed.append(PlacedLine(line.text, line.x0 / SCALE, top / SCALE, line.x1 / SCALE,
+                                 (top + height) / SCALE))  # fmt: skip
+    return placed
+
+
+def wants_layer(page: PageResult) -> bool:
+    """Whether a page gets recognised text laid over it: not a page that has its own text
+    layer, a blank page, or a page the engine failed on."""
+    return (
+        page.source is PageSource.engine
+        and page.text.finish_reason not in FAILED_FINISH_REASONS
+        and bool(page.text.text.strip() or page.text.blocks)
+    )
+
+
+def page_lines(page: PageResult) -> list[PlacedLine]:
+    """The lines of a page's text layer in reading order; none where it gets no layer."""
+    if not wants_layer(page):
+        return []
+    if page.text.blocks is not None:  # the engine found the lines itself (RapidOCR)
+        return _line_placements(page.text.blocks)
+    return [
+        placed for block in page.blocks for placed in block_placements(block, page.page_size_pt)
+    ]
