@@ -14,10 +14,10 @@ An inbox may split a file or a scan job at three kinds of separator page (`split
 
 Detection is pure and blocking, for a render worker: it never runs in the daemon's process.
 Barcodes need about 200 pixels per inch (Code 39 and Code 128 with 0.25 mm modules are not
-read at 144 DPI, and are at 200; benchmarks/separators.py measures it), so a PDF page is
-rendered again in grey for them (`pdf_page_for_barcodes`) and a scan is read at its own
-resolution, capped (`scan_for_barcodes`); the bars and blankness need no more than the
-engine's resolution.
+read at 144 DPI, and are at 200), so a PDF page is rendered again in grey for them
+(`pdf_page_for_barcodes`) and a scan is read from its own pixels, at most 200 DPI
+(`scan_for_barcodes`); the bars and blankness need no more than the engine's resolution.
+benchmarks/separators.py measures what it costs.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ from ocrd import render  # looks_blank; a module import, so render may import th
 
 SPLIT_ON_CHOICES = ("patch_t", "barcode", "blank")
 
-BARCODE_DPI = 200  # pixels per inch a page is read for barcodes at (see the docstring)
-MAX_BARCODE_DPI = 300  # a finer scan is reduced to this first: finer costs time, finds nothing
-MAX_BARCODE_PIXELS = 12_000_000  # and never more pixels than this (A3 at 300 DPI is 17 M)
+# Pixels per inch a page is read for barcodes at (see the docstring). A finer scan is
+# reduced to it first: at 300 DPI zxing-cpp takes 4 to 20 times as long on a scan's noise
+# and finds only modules under 0.25 mm more, which separator sheets do not have.
+BARCODE_DPI = 200
+MAX_BARCODE_PIXELS = 8_000_000  # and never more pixels than this (A3 at 200 DPI is 7.8 M)
 PATCH_T_TEXT = re.compile(r"PATCH[\s-]?T", re.IGNORECASE)  # what PATCH-T sheets' barcodes say
 # A PATCH-T sheet's own barcode is Code 39; Code 128 and QR codes saying PATCHT are common
 # home-made ones. Reading only these is 2 to 5 times faster than reading every symbology.
@@ -234,9 +236,9 @@ def pdf_page_for_barcodes(page: Any, dpi: int = BARCODE_DPI) -> Image.Image:
 
 
 def scan_for_barcodes(frame: Image.Image, dpi: float) -> Image.Image:
-    """A scanned page's own pixels in grey for reading barcodes: reduced to MAX_BARCODE_DPI
-    if it was scanned finer (its `dpi` as the file says), and to MAX_BARCODE_PIXELS."""
-    scale = min(1.0, MAX_BARCODE_DPI / dpi if dpi > 0 else 1.0)
+    """A scanned page's own pixels in grey for reading barcodes: reduced to BARCODE_DPI if
+    it was scanned finer (its `dpi` as the file says), and to MAX_BARCODE_PIXELS."""
+    scale = min(1.0, BARCODE_DPI / dpi if dpi > 0 else 1.0)
     scale = min(scale, (MAX_BARCODE_PIXELS / (frame.width * frame.height)) ** 0.5)
     grey = frame if frame.mode == "L" else frame.convert("L")
     if scale < 1.0:
