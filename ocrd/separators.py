@@ -32,8 +32,6 @@ import numpy as np
 import zxingcpp
 from PIL import Image
 
-from ocrd import render  # looks_blank; a module import, so render may import this module
-
 SPLIT_ON_CHOICES = ("patch_t", "barcode", "blank")
 
 # Pixels per inch a page is read for barcodes at (see the docstring). A finer scan is
@@ -81,8 +79,11 @@ class SeparatorRules:
     blank: bool = False
 
     @classmethod
-    def of(cls, split_on: Iterable[str], split_barcode: str | None = None) -> SeparatorRules:
-        """The rules for an inbox's settings; ValueError says what is wrong with them."""
+    def of(
+        cls, split_on: Iterable[str], split_barcode: str | None = None, collate: bool = False
+    ) -> SeparatorRules:
+        """The rules for an inbox's settings; ValueError says what is wrong with them (for
+        the config's validation: the messages name the keys)."""
         kinds = list(split_on)
         unknown = [kind for kind in kinds if kind not in SPLIT_ON_CHOICES]
         if unknown:
@@ -90,10 +91,21 @@ class SeparatorRules:
                 f"split_on: unknown separator {', '.join(map(repr, unknown))}; "
                 f"choose from {', '.join(SPLIT_ON_CHOICES)}"
             )
+        if "blank" in kinds and collate:
+            raise ValueError(
+                "split_on: 'blank' cannot be used with collate: true, where the blank backs "
+                "of one-sided sheets are normal and would split the document at every sheet; "
+                "put PATCH-T or barcode sheets between documents and split on those instead"
+            )
         if "barcode" in kinds and not split_barcode:
             raise ValueError(
                 "split_on has 'barcode' but split_barcode is not set: give the regular "
                 "expression that a separator barcode's whole text matches, e.g. 'SEPARATOR'"
+            )
+        if split_barcode and "barcode" not in kinds:
+            raise ValueError(
+                "split_barcode is set but split_on has no 'barcode': add it to split_on, "
+                "or remove split_barcode"
             )
         if split_barcode:
             try:
@@ -208,8 +220,11 @@ def _without_looking(rules: SeparatorRules, blank: bool) -> SeparatorMark:
 
 
 def _looks_blank(image: Image.Image) -> bool:
+    # Imported here so that ocrd.render can import this module, in either order.
+    from ocrd.render import looks_blank
+
     rgb = image if image.mode == "RGB" else image.convert("RGB")
-    return render.looks_blank(rgb.tobytes(), rgb.width, rgb.height)
+    return looks_blank(rgb.tobytes(), rgb.width, rgb.height)
 
 
 def read_barcodes(image: Image.Image, symbologies: Sequence[Any] = ()) -> list[tuple[str, str]]:

@@ -284,6 +284,17 @@ def test_a_split_barcode_that_is_no_regular_expression_is_an_error() -> None:
         SeparatorRules.of(["barcode"], "SPLIT-(")
 
 
+def test_split_barcode_without_barcode_in_split_on_is_an_error() -> None:
+    with pytest.raises(ValueError, match="split_barcode is set but split_on has no 'barcode'"):
+        SeparatorRules.of(["patch_t"], "SPLIT")
+
+
+def test_splitting_on_blank_pages_while_collating_is_an_error() -> None:
+    with pytest.raises(ValueError, match="'blank' cannot be used with collate: true"):
+        SeparatorRules.of(["blank"], collate=True)
+    assert SeparatorRules.of(["patch_t", "barcode"], "SPLIT", collate=True).patch_t
+
+
 def test_no_split_on_splits_nothing_and_reads_no_barcodes(catalogue_pdf: list[Looked]) -> None:
     rules = SeparatorRules.of([])
     assert not rules.active
