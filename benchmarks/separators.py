@@ -15,6 +15,8 @@ separator sheets as people print them (tests/separator_sheets.py), as PDF pages 
   blankness from the render; `blank` alone costs nothing more;
 - "144 only": `detect_separator` on the engine's image itself (no second render), which
   misses barcodes with modules under about 0.33 mm (see the tests).
+
+A page rendering judged blank is never looked at again (`needs_looking`): its cost is 0.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from ocrd.separators import (  # noqa: E402
     detect_on_pdf_page,
     detect_on_scan,
     detect_separator,
+    judged_by_blankness,
+    needs_looking,
 )
 
 RULES = {
@@ -104,7 +108,12 @@ def measure_scan(path: Path, number: int, repeat: int, buffer: mmap.mmap) -> dic
     row: dict[str, Any] = {"render": render_ms, "size": f"{width}x{height}", "blank": blank}
     for name, rules in RULES.items():
         row[name], mark = best_ms(  # the frame is decoded again, as a separate request would
-            lambda r=rules: detect_on_scan(source._frame(number), dpi, r, blank), repeat
+            lambda r=rules: (
+                detect_on_scan(source._frame(number), dpi, r, blank)
+                if needs_looking(r, blank)
+                else judged_by_blankness(r, blank)
+            ),
+            repeat,
         )
         row[f"{name}_mark"] = mark
     row["144 only"], _ = best_ms(

@@ -34,6 +34,8 @@ from ocrd.separators import (
     detect_on_pdf_page,
     detect_on_scan,
     detect_separator,
+    judged_by_blankness,
+    needs_looking,
     split_pages,
 )
 from ocrd.sources import Sources, page_files, page_order
@@ -293,6 +295,15 @@ def test_splitting_on_blank_pages_while_collating_is_an_error() -> None:
     with pytest.raises(ValueError, match="'blank' cannot be used with collate: true"):
         SeparatorRules.of(["blank"], collate=True)
     assert SeparatorRules.of(["patch_t", "barcode"], "SPLIT", collate=True).patch_t
+
+
+def test_only_pages_that_may_hold_bars_or_barcodes_are_looked_at_again() -> None:
+    everything, blank_only = EVERYTHING, SeparatorRules.of(["blank"])
+    assert needs_looking(everything, False) and needs_looking(everything, None)
+    assert not needs_looking(everything, True)
+    assert judged_by_blankness(everything, True) == SeparatorMark(SeparatorKind.blank, blank=True)
+    assert not needs_looking(blank_only, False) and not needs_looking(SeparatorRules(), None)
+    assert judged_by_blankness(blank_only, False) == SeparatorMark()
 
 
 def test_no_split_on_splits_nothing_and_reads_no_barcodes(catalogue_pdf: list[Looked]) -> None:
