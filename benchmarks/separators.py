@@ -37,9 +37,11 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from separator_sheets import CORPUS, Sheet, save_scan, scan_sheet, stack_pdf  # noqa: E402
 
-from ocrd.domain import RenderSettings  # noqa: E402
-from ocrd.render import RenderLimits, _PdfSource, _RasterSource  # noqa: E402
-from ocrd.separators import (  # noqa: E402
+from ocrd.config import RenderSettings  # noqa: E402
+from ocrd.render import RenderLimits  # noqa: E402
+from ocrd.render.image import RasterSource  # noqa: E402
+from ocrd.render.pdf import PdfSource  # noqa: E402
+from ocrd.render.separators import (  # noqa: E402
     SeparatorRules,
     detect_on_pdf_page,
     detect_on_scan,
@@ -82,7 +84,7 @@ def best_ms(work: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 
 def measure_pdf(path: Path, number: int, repeat: int, buffer: mmap.mmap) -> dict[str, Any]:
-    source = _PdfSource(path, RenderSettings(), RenderLimits())
+    source = PdfSource(path, RenderSettings(), RenderLimits())
     render_ms, rendered = best_ms(lambda: source.render(number, buffer), repeat)
     width, height, size, payload, _, _, blank = rendered
     pixels = payload if payload is not None else bytes(buffer[:size])
@@ -99,7 +101,7 @@ def measure_pdf(path: Path, number: int, repeat: int, buffer: mmap.mmap) -> dict
 
 
 def measure_scan(path: Path, number: int, repeat: int, buffer: mmap.mmap) -> dict[str, Any]:
-    source = _RasterSource(path, RenderSettings(), RenderLimits())
+    source = RasterSource(path, RenderSettings(), RenderLimits())
     render_ms, rendered = best_ms(lambda: source.render(number, buffer), repeat)
     width, height, size, payload, _, _, blank = rendered
     pixels = payload if payload is not None else bytes(buffer[:size])

@@ -66,6 +66,8 @@ class Settlement:
     error: dict[str, Any] | None = None
     naming: Naming = Naming.original  # safe, flat: where the target refused the name
     companions: list[str] = field(default_factory=list)  # destinations of the companions
+    # A document split at separator sheets: each part's Markdown (`markdown` is the first).
+    parts: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, saved: dict[str, Any]) -> Settlement:
@@ -74,9 +76,20 @@ class Settlement:
         settlement.naming = Naming(settlement.naming)
         return settlement
 
+    def markdowns(self) -> list[Path]:
+        """The Markdown it plans: one, or one per part, in the order they are written."""
+        if self.parts:
+            return [Path(part) for part in self.parts]
+        return [Path(self.markdown)] if self.markdown is not None else []
+
+    def written(self) -> bool:
+        """Whether every Markdown is in place (each is written after its companions)."""
+        markdowns = self.markdowns()
+        return bool(markdowns) and all(markdown.is_file() for markdown in markdowns)
+
     def names(self) -> list[Path]:
         """The names it plans for files (each reserved by the claim that planned it)."""
-        names = [self.markdown, self.original, *self.companions]
+        names = [*map(str, self.markdowns()), self.original, *self.companions]
         return [Path(name) for name in names if name is not None]
 
     def reserve(self, owner: str) -> bool:

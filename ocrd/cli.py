@@ -177,7 +177,7 @@ def rerender(
     configure_logging(log_format, log_level)
     _, pipeline, options = _one_off_options(config_path)
     try:
-        files = asyncio.run(
+        written = asyncio.run(
             rerender_document(
                 document, raw, out, options.for_engine(None), RenderLimits.of(pipeline)
             )
@@ -185,7 +185,8 @@ def rerender(
     except (RawFileError, DocumentFailed) as error:
         click.echo(f"ocrd: {error}", err=True)
         sys.exit(1)
-    click.echo(str(files.markdown))
+    for markdown in written:
+        click.echo(str(markdown))
 
 
 @main.command()

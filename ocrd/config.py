@@ -7,6 +7,7 @@ config can live beside its data folder and be started from anywhere.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -81,6 +82,19 @@ class TableFormat(StrEnum):
     html = "html"  # as the model wrote them
 
 
+class OutputKind(StrEnum):
+    markdown = "markdown"  # always written: it marks a document complete
+    pdf = "pdf"  # the original pages with the recognised text invisible over them
+
+
+class SeparatorSheet(StrEnum):
+    """A kind of page that separates documents in a batch scan."""
+
+    patch_t = "patch_t"  # a PATCH-T sheet
+    barcode = "barcode"  # a barcode whose whole text matches `split_barcode`
+    blank = "blank"  # a blank page
+
+
 @dataclass(frozen=True)
 class RenderSettings:
     """How one document's pages are rasterised: resolution is what the engine pays for."""
@@ -109,6 +123,39 @@ class DocumentOptions(Strict):
     strip_headers_footers: bool = False
     pdf_text: PdfText = PdfText.auto
     blank_pages: BlankPages = BlankPages.mark  # pages blank at engine resolution
+    outputs: Annotated[tuple[OutputKind, ...], Field(min_length=1)] = (OutputKind.markdown,)
+    pdf_archive: bool = False  # the searchable PDF as PDF/A-2b
+    split_on: tuple[SeparatorSheet, ...] = ()
+    split_barcode: str | None = None  # a regular expression a whole barcode text matches
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DocumentOptions:
+        if OutputKind.markdown not in self.outputs:
+            raise ValueError(
+                "outputs: 'markdown' is always written (it is what marks a document "
+                "complete); list it, with 'pdf' beside it for a searchable PDF"
+            )
+        if self.pdf_archive and OutputKind.pdf not in self.outputs:
+            raise ValueError("pdf_archive is true but outputs has no 'pdf': add it")
+        barcode = SeparatorSheet.barcode in self.split_on
+        if barcode and not self.split_barcode:
+            raise ValueError(
+                "split_on has 'barcode' but split_barcode is not set: give the regular "
+                "expression that a separator barcode's whole text matches, e.g. 'SEPARATOR'"
+            )
+        if self.split_barcode and not barcode:
+            raise ValueError(
+                "split_barcode is set but split_on has no 'barcode': add it to split_on, or "
+                "remove split_barcode"
+            )
+        if self.split_barcode:
+            try:
+                re.compile(self.split_barcode)
+            except re.error as error:
+                raise ValueError(
+                    f"split_barcode {self.split_barcode!r} is no regular expression: {error}"
+                ) from None
+        return self
 
     @property
     def render(self) -> RenderSettings:
@@ -152,6 +199,16 @@ class InboxEntry(DocumentOptions):
     polling: bool = False
     poll_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
     hooks: HooksConfig = HooksConfig()
+
+    @model_validator(mode="after")
+    def _blank_separators_without_collating(self) -> InboxEntry:
+        if self.collate and SeparatorSheet.blank in self.split_on:
+            raise ValueError(
+                "split_on: 'blank' cannot be used with collate: true, where the blank backs of "
+                "one-sided sheets are normal and would split the document at every sheet; put "
+                "PATCH-T or barcode sheets between documents and split on those instead"
+            )
+        return self
 
     def located(self, base: Path) -> InboxConfig:
         """Absolute paths, with output folders defaulting to siblings of the inbox."""
@@ -355,8 +412,12 @@ def _location(loc: tuple[Any, ...]) -> str:
 
 def describe_validation_error(error: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid configuration"]
-    for problem in error.errors():
-        message = problem["msg"]
+    problems = error.errors()
+    inbox_problems = any(len(p["loc"]) > 1 and p["loc"][0] == "inboxes" for p in problems)
+    for problem in problems:
+        if inbox_problems and problem["type"] == "too_short" and problem["loc"] == ("inboxes",):
+            continue  # an inbox with an error is left out of the count: nothing to add
+        message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             message = "unknown key (check its spelling and where it is nested)"
         lines.append(f"  {_location(problem['loc'])}: {message}")

@@ -25,7 +25,7 @@ from ocrd.files import free_name
 from ocrd.log import get_logger
 from ocrd.pipeline import Pipeline, Progress
 from ocrd.settle import ERROR_SUFFIX, error_report, write_report
-from ocrd.write import markdown_target, write_document
+from ocrd.write import markdown_target, write_parts
 
 REFRESH_SECONDS = 0.25
 PLAIN_LINE_SECONDS = 5.0
@@ -161,7 +161,7 @@ async def convert_files(
                     )
                     return False
                 target = markdown_target(out, PurePath(path.name))
-                write_document(result, settings, target, path.name)
+                written = write_parts(result, settings, target, path.name)
         display.finish(path, "done")
         log.info(
             "document.finished",
@@ -170,7 +170,7 @@ async def convert_files(
             pages=len(result.pages),
             seconds=round(result.seconds, 3),
             finish_reasons=result.finish_reasons(),
-            markdown=str(target),
+            markdown=[str(m) for m in written] if len(written) > 1 else str(written[0]),
         )
         return True
 

@@ -44,6 +44,7 @@ from ocrd.settle import Settler
 from ocrd.sources import Sources
 from ocrd.status import DocumentProgress, eta
 from ocrd.storage import Fault, classify, describe
+from ocrd.write import OutputFiles
 
 T = TypeVar("T")
 
@@ -259,6 +260,17 @@ class DocumentRunner:
         summary.text_layer_pages = result.text_layer_pages
         summary.blank_pages = result.blank_pages
         summary.markdown = settlement.markdown
+        markdowns = settlement.markdowns()
+        pdfs = [OutputFiles(m).pdf for m in markdowns] if result.pdfs else []
+        summary.pdf = str(pdfs[0]) if pdfs else None
+        if result.split is not None:  # where it was cut, and each part's files
+            summary.separators = result.split.separator_fields()
+            if len(markdowns) > 1:
+                summary.parts = [
+                    {"markdown": str(m), "pages": list(pages), **({"pdf": str(p)} if pdfs else {})}
+                    for m, pages, p in zip(markdowns, result.split.parts, pdfs or markdowns,
+                                           strict=True)
+                ]  # fmt: skip
         self._finished(route, summary, log)
 
     async def _fail(

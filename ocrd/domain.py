@@ -42,6 +42,97 @@ class InputFormat(StrEnum):
     jpeg = "jpeg"
 
 
+class SeparatorKind(StrEnum):
+    """Why a page separates documents (none: it does not)."""
+
+    none = "none"
+    patch_t = "patch_t"
+    barcode = "barcode"
+    blank = "blank"
+
+
+@dataclass(frozen=True)
+class SeparatorMark:
+    """What detection found on one page: whether it separates, and why."""
+
+    kind: SeparatorKind = SeparatorKind.none
+    text: str = ""  # the barcode's text where a barcode decided it
+    symbology: str = ""  # the barcode's symbology ("Code 39", "QR Code"), or "PATCH bars"
+    blank: bool = False  # the page looked blank at the engine's resolution
+
+    @property
+    def separates(self) -> bool:
+        return self.kind is not SeparatorKind.none
+
+    def describe(self) -> str:
+        """For logs and reports: 'PATCH-T sheet (Code 39 "PATCHT")', 'blank page', ..."""
+        if self.kind is SeparatorKind.patch_t:
+            how = "its bars" if not self.text else f'{self.symbology} "{self.text}"'
+            return f"PATCH-T sheet ({how})"
+        if self.kind is SeparatorKind.barcode:
+            return f'separator barcode "{self.text}" ({self.symbology})'
+        if self.kind is SeparatorKind.blank:
+            return "blank page"
+        return "no separator"
+
+    def record(self) -> dict[str, object]:
+        """The mark as the page journal and the raw file keep it."""
+        return {"kind": self.kind.value, "text": self.text, "symbology": self.symbology,
+                "blank": self.blank}  # fmt: skip
+
+    @classmethod
+    def of_record(cls, record: dict[str, object]) -> SeparatorMark:
+        """A mark kept by `record`; KeyError, TypeError or ValueError if it is not one."""
+        return cls(
+            SeparatorKind(str(record["kind"])),
+            str(record.get("text", "")),
+            str(record.get("symbology", "")),
+            bool(record.get("blank", False)),
+        )
+
+    def fields(self) -> dict[str, object]:
+        """The mark for the summary event and the layout file."""
+        found: dict[str, object] = {"kind": self.kind.value}
+        if self.text:
+            found["text"] = self.text
+        if self.symbology:
+            found["symbology"] = self.symbology
+        return found
+
+
+@dataclass(frozen=True)
+class Split:
+    """A document's pages cut at its separator pages."""
+
+    parts: tuple[tuple[int, ...], ...]  # page numbers of each part, in reading order
+    separators: tuple[tuple[int, SeparatorMark], ...]  # the separator pages, and why
+    backs: tuple[int, ...] = ()  # blank backs of separator sheets, dropped with them
+
+    @property
+    def numbered(self) -> bool:
+        """Whether the parts are written as `<name>-1.md`, `<name>-2.md`, ...: only where
+        there is more than one; a single part keeps the document's own name."""
+        return len(self.parts) > 1
+
+    @property
+    def dropped(self) -> list[int]:
+        """Every page that is in no part: the separators and their backs."""
+        return sorted([number for number, _ in self.separators] + list(self.backs))
+
+    def separator_fields(self) -> list[dict[str, object]]:
+        return [{"page": number, **mark.fields()} for number, mark in self.separators]
+
+    def fields(self) -> dict[str, object]:
+        """Where the document was split, for its summary event and layout file."""
+        found: dict[str, object] = {
+            "parts": [list(part) for part in self.parts],
+            "separators": self.separator_fields(),
+        }
+        if self.backs:
+            found["separator_backs"] = list(self.backs)
+        return found
+
+
 @dataclass(frozen=True)
 class PageInfo:
     """What is known of a rendered page besides its pixels."""
@@ -59,6 +150,7 @@ class PageImage:
     width_pt: float  # the page's size in PDF points (72 per inch), for mapping boxes back
     height_pt: float
     blank: bool = False  # nothing on it at this resolution (a scanned back, a separator)
+    separator: SeparatorMark | None = None  # with split_on: whether it separates documents
 
     @property
     def info(self) -> PageInfo:
@@ -83,6 +175,7 @@ class PageSource(StrEnum):
     engine = "engine"
     text_layer = "text_layer"  # the PDF's own text (inbox setting pdf_text)
     blank = "blank"  # nothing on the page; not sent to the engine
+    separator = "separator"  # a separator sheet (split_on): dropped, not sent to the engine
 
 
 @dataclass(frozen=True)
@@ -150,6 +243,7 @@ class PageResult:
     figures: dict[int, Figure] = field(default_factory=dict)  # image block index: its crop
     retried: bool = False
     source: PageSource = PageSource.engine
+    separator: SeparatorMark | None = None  # with split_on: what detection found
 
     @property
     def layout_blocks(self) -> list[Block]:
@@ -178,6 +272,29 @@ class DocumentResult:
     format: InputFormat
     pages: list[PageResult]
     seconds: float
+    split: Split | None = None  # with split_on: where the document was cut
+    pdfs: tuple[Path, ...] = ()  # each part's searchable PDF (made in the claim's scratch)
+    part: int | None = None  # which part of `split` this is (0-based), for a part's result
+    whole: tuple[PageResult, ...] = ()  # a part's: every page of the document it came from
+
+    def parts(self) -> list[DocumentResult]:
+        """The documents to write: each part of a split document without its separator
+        pages, or the document itself."""
+        if self.split is None:
+            return [self]
+        by_number = {page.number: page for page in self.pages}
+        return [
+            DocumentResult(
+                self.format,
+                [by_number[number] for number in numbers],
+                self.seconds,
+                self.split,
+                self.pdfs[index : index + 1],
+                index,
+                tuple(self.pages),
+            )
+            for index, numbers in enumerate(self.split.parts)
+        ]
 
     @property
     def prompt_tokens(self) -> int:
@@ -229,7 +346,11 @@ class DocumentSummary:
     text_layer_pages: list[int] = field(default_factory=list)
     blank_pages: list[int] = field(default_factory=list)
     original: str | None = None  # where the original went
-    markdown: str | None = None
+    markdown: str | None = None  # the (first part's) Markdown
+    pdf: str | None = None  # the (first part's) searchable PDF, where asked for
+    # A document split at separator sheets: each part's files and pages, and the sheets.
+    parts: list[dict[str, object]] = field(default_factory=list)
+    separators: list[dict[str, object]] = field(default_factory=list)
     renamed: str | None = None  # "safe" or "flat" where the target refused the name
     stage: Stage | None = None  # for failures
     page: int | None = None
@@ -260,7 +381,7 @@ class DocumentSummary:
                 "reason": self.reason,
                 "error_report": self.error_report,
             }
-        return {
+        done: dict[str, object] = {
             **common,
             "pages_per_second": self.pages_per_second,
             "prompt_tokens": self.prompt_tokens,
@@ -272,3 +393,10 @@ class DocumentSummary:
             "blank_pages": self.blank_pages,
             "markdown": self.markdown,
         }
+        if self.pdf:
+            done["pdf"] = self.pdf
+        if self.parts:
+            done["parts"] = self.parts
+        if self.separators:
+            done["separators"] = self.separators
+        return done

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ocrd.domain import DocumentFailed, DocumentResult, Stage
+from ocrd.domain import DocumentFailed, DocumentResult, Split, Stage
 from ocrd.engines import EngineDeadError, EngineError
 from ocrd.render import RenderError
 from ocrd.render.errors import RenderFailure
@@ -54,6 +54,17 @@ def no_pages_in_folder() -> DocumentFailed:
         Stage.detect, "the folder holds no PDF, TIFF, PNG or JPEG file",
         code=RenderFailure.no_pages,
     )  # fmt: skip
+
+
+def only_separators(split: Split) -> DocumentFailed:
+    kinds = sorted({mark.describe() for _, mark in split.separators})
+    return DocumentFailed(
+        Stage.detect,
+        f"every page is a separator sheet ({', '.join(kinds)}), so there is nothing to "
+        "convert; check the inbox's split_on, or drop the file into an inbox that does not "
+        "split",
+        code="only_separators",
+    )
 
 
 def unfinished(result: DocumentResult) -> DocumentFailed:

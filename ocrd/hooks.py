@@ -51,9 +51,7 @@ def payload(summary: DocumentSummary) -> dict[str, Any]:
         **summary.event(),
     }
     data["outcome"] = summary.outcome.value
-    for key in ("original", "markdown", "error_report"):
-        if isinstance(data.get(key), str):
-            data[key] = printable(data[key])
+    data = _printable(data)  # paths in any encoding, as JSON can carry them
     if summary.outcome is Outcome.done:
         data["text"] = (
             f"ocrd: {summary.path} is done: {summary.pages} pages in {summary.seconds:.1f} s"
@@ -62,6 +60,16 @@ def payload(summary: DocumentSummary) -> dict[str, Any]:
     else:
         data["text"] = f"ocrd: {summary.path} failed: {summary.reason}"
     return data
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {key: _printable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_printable(item) for item in value]
+    return value
 
 
 def environment(summary: DocumentSummary, summary_file: Path) -> dict[str, str]:

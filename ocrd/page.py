@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ocrd.config import PromptMode
-from ocrd.domain import Figure, PageInfo, PageResult, PageSource, PageText, TextLayer
+from ocrd.domain import (
+    Figure,
+    PageInfo,
+    PageResult,
+    PageSource,
+    PageText,
+    SeparatorMark,
+    TextLayer,
+)
 from ocrd.grounding import Block, Box, parse_page
 from ocrd.markdown import looks_repetitive
 
@@ -67,6 +75,14 @@ def blank_page(page: PageInfo, prompt: PromptMode) -> PageResult:
     return assemble_page(page, PageText("", "stop"), prompt, source=PageSource.blank)
 
 
+def separator_page(page: PageInfo, prompt: PromptMode, mark: SeparatorMark) -> PageResult:
+    """A separator sheet between documents: dropped from the output, not sent to the
+    engine."""
+    result = assemble_page(page, PageText("", "stop"), prompt, source=PageSource.separator)
+    result.separator = mark
+    return result
+
+
 def text_layer_page(number: int, layer: TextLayer, prompt: PromptMode) -> PageResult:
     """A born-digital page, its Markdown taken from its own text layer."""
     text = PageText(layer.markdown, "stop", blocks=layer.blocks)
@@ -104,6 +120,8 @@ def page_record(page: PageResult) -> dict[str, Any]:
         "completion_tokens": page.text.completion_tokens,
         "source": page.source.value,
     }
+    if page.separator is not None:
+        record["separator"] = page.separator.record()
     if page.text.blocks is not None:
         record["blocks"] = [
             {
@@ -124,10 +142,13 @@ class RawPage:
     prompt: PromptMode
     retried: bool
     source: PageSource
+    separator: SeparatorMark | None = None
 
     def result(self, page: PageInfo) -> PageResult:
         """The page assembled again from its raw line, on the page as rendered."""
-        return assemble_page(page, self.text, self.prompt, self.retried, self.source)
+        result = assemble_page(page, self.text, self.prompt, self.retried, self.source)
+        result.separator = self.separator
+        return result
 
 
 def text_from_record(record: dict[str, Any]) -> RawPage:
@@ -148,7 +169,9 @@ def text_from_record(record: dict[str, Any]) -> RawPage:
     )
     prompt = PromptMode(record.get("prompt", PromptMode.layout.value))
     source = PageSource(record.get("source", PageSource.engine.value))
-    return RawPage(text, prompt, bool(record.get("retried", False)), source)
+    mark = record.get("separator")
+    separator = SeparatorMark.of_record(mark) if mark is not None else None
+    return RawPage(text, prompt, bool(record.get("retried", False)), source, separator)
 
 
 def _figure_record(figure: Figure) -> dict[str, Any]:
@@ -209,6 +232,7 @@ class PageJournal:
                     figures=figures,
                     retried=raw.retried,
                     source=raw.source,
+                    separator=raw.separator,
                 )
             except (ValueError, KeyError, TypeError):
                 continue

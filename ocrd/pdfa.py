@@ -75,6 +75,13 @@ def _die_with_parent() -> None:
         pass
 
 
+def _descriptor(path: Path) -> tuple[int, ...]:
+    """The descriptor a `/proc/self/fd/N` path names, for the child to keep; else none."""
+    if path.parent == Path("/proc/self/fd") and path.name.isdigit():
+        return (int(path.name),)
+    return ()
+
+
 def ghostscript_pdfa(
     source: Path, target: Path, passwords: Sequence[str], timeout_seconds: float
 ) -> None:
@@ -104,6 +111,7 @@ def ghostscript_pdfa(
             timeout=timeout_seconds,
             preexec_fn=_die_with_parent,  # a render worker has one thread
             check=False,
+            pass_fds=_descriptor(source),  # an input held open: the same number in Ghostscript
         )
     except subprocess.TimeoutExpired:
         raise PdfaError(

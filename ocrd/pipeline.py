@@ -21,6 +21,7 @@ from ocrd.backoff import Backoff
 from ocrd.config import (
     BlankPages,
     DocumentOptions,
+    OutputKind,
     PdfText,
     PipelineConfig,
     PromptMode,
@@ -33,6 +34,8 @@ from ocrd.domain import (
     PageResult,
     PageSource,
     PageText,
+    SeparatorMark,
+    Split,
 )
 from ocrd.engines import Engine, EngineError
 from ocrd.log import FilteringBoundLogger, get_logger
@@ -43,11 +46,17 @@ from ocrd.page import (
     blank_page,
     figure_name,
     figure_regions,
+    separator_page,
     text_layer_page,
 )
 from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile
+from ocrd.render.protocol import WriteSearchablePdf
+from ocrd.render.separators import SeparatorRules, split_pages
 from ocrd.schedule import PageBudget, Ticket
 from ocrd.sources import PageRef, SourceKind, Sources, page_files, page_order
+
+PDF_SECONDS_PER_PAGE = 1.0  # a searchable PDF's time limit, beside a page's
+PDF_ARCHIVE_SECONDS_PER_PAGE = 5.0  # PDF/A may go through Ghostscript
 
 
 class Progress:
@@ -73,6 +82,7 @@ class _Run:
     journal: PageJournal | None
     ticket: Ticket
     progress: Progress
+    separators: SeparatorRules | None  # with split_on: what makes a separator sheet
 
 
 class Pipeline:
@@ -136,15 +146,23 @@ class Pipeline:
             raise failures.no_pages_in_folder()
         inputs = [SourceFile(path, fmt, settings.render) for path, fmt in files]
         try:
-            pages = await self._pages(
+            pages, refs = await self._pages(
                 inputs, sources.kind, settings, scratch, log, journal, progress, arrival
             )
+            split = split_document(pages, settings, sources.kind)
+            result = DocumentResult(inputs[0].format, pages, time.monotonic() - started, split)
+            if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
+                raise failures.unfinished(result)
+            if OutputKind.pdf in settings.outputs:
+                pdfs = searchable_pdfs(self.renderers, result, inputs, refs, settings, scratch)
+                result.pdfs = await pdfs
         except (BaseExceptionGroup, RenderError) as error:
             raise failures.of(error) from None
-        result = DocumentResult(inputs[0].format, pages, time.monotonic() - started)
-        if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
-            raise failures.unfinished(result)
+        if split is not None:
+            log.info("document.split", **split.fields())
         return result
+
+
 
     async def _pages(
         self,
@@ -156,7 +174,7 @@ class Pipeline:
         journal: PageJournal | None,
         progress: Progress,
         arrival: float | None,
-    ) -> list[PageResult]:
+    ) -> tuple[list[PageResult], list[PageRef]]:
         figures = scratch if settings.figures else None
         done = await asyncio.to_thread(journal.load, figures) if journal else {}
         counts = [await self._open(source, len(inputs) > 1) for source in inputs]
@@ -186,6 +204,9 @@ class Pipeline:
             journal,
             self.budget.ticket(count - len(resumed), arrival),
             progress,
+            SeparatorRules.of(settings.split_on, settings.split_barcode)
+            if settings.split_on
+            else None,
         )
         tasks: dict[int, asyncio.Task[PageResult]] = {}
         async with asyncio.TaskGroup() as group:
@@ -201,7 +222,7 @@ class Pipeline:
                 task.add_done_callback(lambda _: self.budget.release(run.ticket))
                 tasks[number] = task
         results = {**resumed, **{number: task.result() for number, task in tasks.items()}}
-        return [results[number] for number in sorted(results)]
+        return [results[number] for number in sorted(results)], refs
 
     async def _page(self, run: _Run, number: int) -> PageResult:
         """One page: from its own text layer where that is preferred and good; otherwise
@@ -209,9 +230,18 @@ class Pipeline:
         plain-text retry), its figures cut from the source; then journaled."""
         ref = run.pages[number - 1]
         try:
-            result = await self._from_text_layer(run, ref, number)
+            # With split_on every page is rendered first: a separator sheet may carry a
+            # text layer (the text under its barcode), and it must never reach the output.
+            looked = await self._render(ref, number, run.separators) if run.separators else None
+            mark = looked.separator if looked is not None else None
+            result = None
+            if looked is not None and mark is not None and mark.separates:
+                result = separator_page(looked.info, run.settings.prompt, mark)
             if result is None:
-                page = await self._render(ref, number)
+                result = await self._from_text_layer(run, ref, number)
+            if result is None:
+                page = looked or await self._render(ref, number)
+                looked = None
                 if page.blank and run.settings.blank_pages is not BlankPages.keep:
                     result = blank_page(page.info, run.settings.prompt)
                 else:
@@ -220,6 +250,7 @@ class Pipeline:
                     rendered = [page]
                     del page
                     result = await self._recognise(rendered, ref, run)
+            result.separator = mark
             if run.figures is not None and result.source is PageSource.engine:
                 dpi = run.settings.figure_resolution
                 await cut_figures(self.renderers, ref, result, dpi, run.figures)
@@ -271,9 +302,13 @@ class Pipeline:
                 raise
             raise RenderError(f"{source.path.name}: {error}", code=error.code) from None
 
-    async def _render(self, ref: PageRef, number: int) -> PageImage:
-        """Page `number` of the document, rendered from its source page."""
-        return replace(await self.renderers.render(ref.source, ref.number), number=number)
+    async def _render(
+        self, ref: PageRef, number: int, separators: SeparatorRules | None = None
+    ) -> PageImage:
+        """Page `number` of the document, rendered from its source page (and judged a
+        separator sheet or not, with `separators`)."""
+        page = await self.renderers.render(ref.source, ref.number, separators)
+        return replace(page, number=number)
 
     async def _recognise(self, rendered: list[PageImage], ref: PageRef, run: _Run) -> PageResult:
         """The engine's page; `rendered` holds the page's pixels and is emptied as they are
@@ -339,3 +374,49 @@ async def cut_figures(
         source.source, source.number, list(regions.values()), dpi, folder, names
     )
     page.figures = dict(zip(regions, cuts, strict=True))
+
+
+async def searchable_pdfs(
+    renderers: RenderPool,
+    result: DocumentResult,
+    inputs: list[SourceFile],
+    refs: list[PageRef],
+    settings: DocumentOptions,
+    scratch: Path,
+) -> tuple[Path, ...]:
+    """Each part's searchable PDF (the document's, if it is not split), written into
+    `scratch` by a render worker, in order."""
+    files = tuple((source.path, source.format) for source in inputs)
+    made = []
+    for index, part in enumerate(result.parts()):
+        order = tuple(
+            (inputs.index(refs[page.number - 1].source), refs[page.number - 1].number)
+            for page in part.pages
+        )
+        target = scratch / f"part{index + 1}.pdf"
+        target.unlink(missing_ok=True)  # left by an attempt that was killed
+        request = WriteSearchablePdf(
+            files, order, tuple(part.pages), target, settings.pdf_archive, settings.passwords
+        )
+        seconds = renderers.limits.page_timeout_seconds + len(order) * (
+            PDF_ARCHIVE_SECONDS_PER_PAGE if settings.pdf_archive else PDF_SECONDS_PER_PAGE
+        )
+        await renderers.searchable_pdf(request, seconds)
+        made.append(target)
+    return tuple(made)
+
+
+def split_document(
+    pages: list[PageResult], settings: DocumentOptions, kind: SourceKind
+) -> Split | None:
+    """Where the document is cut at its separator sheets (None without split_on);
+    DocumentFailed if it is nothing but separators."""
+    if not settings.split_on:
+        return None
+    marks = [page.separator or SeparatorMark(blank=page.source is PageSource.blank)
+             for page in pages]  # fmt: skip
+    split = split_pages(marks, [kind.value for kind in settings.split_on],
+                        kind is SourceKind.duplex)  # fmt: skip
+    if not split.parts:
+        raise failures.only_separators(split)
+    return split

@@ -13,13 +13,13 @@ import tempfile
 from pathlib import Path
 
 from ocrd import failures
-from ocrd.config import DocumentOptions
+from ocrd.config import DocumentOptions, OutputKind
 from ocrd.domain import DocumentFailed, DocumentResult
 from ocrd.page import RawPage, text_from_record
-from ocrd.pipeline import cut_figures
+from ocrd.pipeline import cut_figures, searchable_pdfs, split_document
 from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile, detect_format
-from ocrd.sources import PageRef
-from ocrd.write import OutputFiles, markdown_target, write_document
+from ocrd.sources import PageRef, SourceKind
+from ocrd.write import markdown_target, write_parts
 
 
 class RawFileError(Exception):
@@ -41,8 +41,9 @@ def read_raw(path: Path) -> dict[int, RawPage]:
 
 async def rerender(
     document: Path, raw: Path, out: Path, settings: DocumentOptions, limits: RenderLimits
-) -> OutputFiles:
-    """Write `<out>/<name>.md` (and its companions) for `document` from `raw`."""
+) -> list[Path]:
+    """Write `<out>/<name>.md` (and its companions; for a document split at separator
+    sheets, each part's) for `document` from `raw`; the Markdown files written."""
     texts = read_raw(raw)
     side = settings.render.max_image_side
     pool = RenderPool(1, limits, buffer_bytes=side * side * 3)
@@ -62,10 +63,16 @@ async def rerender(
                         Path(scratch),
                     )
                 pages.append(page)
-            result = DocumentResult(source.format, pages, 0.0)
+            split = split_document(pages, settings, SourceKind.file)
+            result = DocumentResult(source.format, pages, 0.0, split)
+            if OutputKind.pdf in settings.outputs:
+                refs = [PageRef(source, number) for number in range(1, count + 1)]
+                result.pdfs = await searchable_pdfs(
+                    pool, result, [source], refs, settings, Path(scratch)
+                )
             target = markdown_target(out, Path(document.name))
-            return write_document(result, settings, target, document.name)
-    except RenderError as error:
+            return write_parts(result, settings, target, document.name)
+    except (RenderError, BaseExceptionGroup) as error:
         failure = failures.of(error)
         assert isinstance(failure, DocumentFailed)
         raise failure from None

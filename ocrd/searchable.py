@@ -27,11 +27,12 @@ PDF parsing is dangerous: this runs in a render worker process, never in the dae
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import io
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from PIL import Image
 
 from ocrd import __version__
 from ocrd.domain import InputFormat, PageResult
+from ocrd.dropped import open_regular
 from ocrd.files import temporary_path
 from ocrd.textlayer import PlacedLine, page_lines
 
@@ -176,13 +178,13 @@ def _new_stream(doc: Any, data: bytes, dictionary: str = "<<>>") -> int:
     xref = doc.get_new_xref()
     doc.update_object(xref, dictionary)
     doc.update_stream(xref, data, compress=True)
-    return xref
+    return int(xref)
 
 
 def _new_object(doc: Any, source: str) -> int:
     xref = doc.get_new_xref()
     doc.update_object(xref, source)
-    return xref
+    return int(xref)
 
 
 def add_font(doc: Any, encoding: TextEncoding) -> int:
@@ -373,20 +375,63 @@ def add_layer(doc: Any, page: Any, lines: Sequence[PlacedLine], font_xref: int,
 # --- opening the inputs ---------------------------------------------------------------------
 
 
+# The inputs are read through descriptors opened once (`_held`): what is read is what was
+# checked, never a link swapped in later. Messages name the files, not the descriptors.
+_NAMES: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "names", default=None
+)
+
+
+def _shown(path: Path) -> str:
+    return (_NAMES.get() or {}).get(str(path), path.name)
+
+
+@contextlib.contextmanager
+def _held(files: Sequence[tuple[Path, InputFormat]]) -> Iterator[list[tuple[Path, InputFormat]]]:
+    """The input files opened once, never through a link and only if regular
+    (`ocrd/dropped.py`), and named by their descriptors from then on."""
+    descriptors: list[int] = []
+    names: dict[str, str] = {}
+    try:
+        held = []
+        for path, fmt in files:
+            try:
+                fd = open_regular(path)
+            except OSError as error:
+                raise SearchablePdfError(
+                    f"{path.name}: cannot be read ({error.strerror})"
+                ) from None
+            descriptors.append(fd)
+            os.set_inheritable(fd, True)  # for Ghostscript, which reads it by this name too
+            names[f"/proc/self/fd/{fd}"] = path.name
+            held.append((Path(f"/proc/self/fd/{fd}"), fmt))
+        token = _NAMES.set(names)
+        try:
+            yield held
+        finally:
+            _NAMES.reset(token)
+    finally:
+        for fd in descriptors:
+            os.close(fd)
+
+
 def open_pdf(path: Path, passwords: Sequence[str] = ()) -> Any:
     import pymupdf
 
     try:
         doc = pymupdf.open(path, filetype="pdf")
     except Exception as error:  # MuPDF raises its own types for broken files
-        raise SearchablePdfError(f"{path.name}: cannot open the PDF ({error})") from None
+        detail = str(error).replace(str(path), _shown(path))
+        raise SearchablePdfError(f"{_shown(path)}: cannot open the PDF ({detail})") from None
     if doc.needs_pass and not any(doc.authenticate(p) for p in ("", *passwords)):
         doc.close()
-        raise SearchablePdfError(f"{path.name}: encrypted, and no password of the inbox opens it")
+        raise SearchablePdfError(
+            f"{_shown(path)}: encrypted, and no password of the inbox opens it"
+        )
     return doc
 
 
-def image_dpi(info: dict[str, Any], size: tuple[int, int]) -> tuple[float, float]:
+def image_dpi(info: Mapping[Any, Any], size: tuple[int, int]) -> tuple[float, float]:
     """An image's resolution: the one it declares, or where it declares none (or nonsense)
     one that makes it as long as an A4 page (never less than 72: a small image keeps a
     point a pixel)."""
@@ -423,9 +468,12 @@ def image_pdf(path: Path) -> bytes:
 
     try:
         # Rotation.none: the pixels as stored, as the engine saw them (EXIF not applied).
-        return img2pdf.convert(str(path), layout_fun=layout, rotation=img2pdf.Rotation.none)
+        made = img2pdf.convert(str(path), layout_fun=layout, rotation=img2pdf.Rotation.none)
+        return bytes(made)
     except Exception as error:  # img2pdf's own errors for images it cannot store as they are
-        raise SearchablePdfError(f"{path.name}: cannot put the image in a PDF ({error})") from None
+        raise SearchablePdfError(
+            f"{_shown(path)}: cannot put the image in a PDF ({error})"
+        ) from None
 
 
 # --- writing --------------------------------------------------------------------------------
@@ -473,7 +521,7 @@ def _layered_copy(
     try:
         if doc.page_count != len(layers):
             raise SearchablePdfError(
-                f"{base.name} has {doc.page_count} pages, the recognised text {len(layers)}"
+                f"{_shown(base)} has {doc.page_count} pages, the recognised text {len(layers)}"
             )
         layered, own_text = _lay_text(doc, layers, only)
         if not layered:
@@ -527,7 +575,7 @@ def assemble(
                 )
             source = sources[file_index]
             if not 1 <= number <= source.page_count:
-                raise SearchablePdfError(f"{files[file_index][0].name} has no page {number}")
+                raise SearchablePdfError(f"{_shown(files[file_index][0])} has no page {number}")
             # final=0 keeps the map of copied objects: resources shared by pages copy once.
             out.insert_pdf(source, from_page=number - 1, to_page=number - 1, final=0)
         pdfs = [sources[i] for i, (_, fmt) in enumerate(files) if fmt is InputFormat.pdf]
@@ -563,12 +611,27 @@ def write_searchable_pdf(
             f"{len(page_order)} pages in the document, but {len(pages)} recognised"
         )
     layers = [page_lines(page) for page in pages]
+    with _held(files) as held:
+        return _write(held, page_order, layers, len(pages), target, archive, passwords,
+                      archive_timeout_seconds)  # fmt: skip
+
+
+def _write(
+    files: Sequence[tuple[Path, InputFormat]],
+    page_order: Sequence[tuple[int, int]],
+    layers: Sequence[list[PlacedLine]],
+    count: int,
+    target: Path,
+    archive: bool,
+    passwords: Sequence[str],
+    archive_timeout_seconds: float,
+) -> SearchablePdfResult:
     assembled = temporary_path(target.parent)  # a killed worker's are swept at start
     try:
         if (
             len(files) == 1
             and files[0][1] is InputFormat.pdf
-            and list(page_order) == [(0, n) for n in range(1, len(pages) + 1)]
+            and list(page_order) == [(0, n) for n in range(1, count + 1)]
         ):
             base = files[0][0]  # one PDF, its pages in their order: updated as it is
         else:
@@ -586,7 +649,7 @@ def write_searchable_pdf(
         raise
     finally:
         assembled.unlink(missing_ok=True)
-    return SearchablePdfResult(len(pages), layered, own_text, incremental, route)
+    return SearchablePdfResult(count, layered, own_text, incremental, route)
 
 
 def _archive(

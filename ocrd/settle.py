@@ -31,7 +31,13 @@ from ocrd.files import (
     write_new_file,
 )
 from ocrd.storage import safe_part, safe_relative
-from ocrd.write import discard_outputs, markdown_path, outputs_free, write_document
+from ocrd.write import (
+    discard_outputs,
+    markdown_path,
+    outputs_free,
+    part_markdown,
+    write_document,
+)
 
 ERROR_SUFFIX = ".error.json"
 
@@ -103,40 +109,49 @@ class Settler:
         settings: DocumentOptions,
         naming: Naming = Naming.original,
     ) -> Settlement:
+        parts = result.parts()
         # An earlier attempt that planned these names and died (or hit a storage fault)
         # before finishing left its plan: reusing it overwrites what it left, adding no copy.
-        settlement = self._reused(claim, Outcome.done, naming) or self._plan_done(claim, naming)
-        assert settlement.markdown is not None
-        if not Path(settlement.markdown).is_file():
-            write_document(result, settings, Path(settlement.markdown), claim.relative_path.name)
+        settlement = self._reused(claim, Outcome.done, naming, len(parts))
+        settlement = settlement or self._plan_done(claim, naming, len(parts))
+        for part, markdown in zip(parts, settlement.markdowns(), strict=True):
+            if not markdown.is_file():
+                write_document(part, settings, markdown, claim.relative_path.name)
         self._finish(claim, settlement)
         return settlement
 
     def failed(
         self, claim: Claim, failure: DocumentFailed, naming: Naming = Naming.original
     ) -> Settlement:
-        settlement = self._reused(claim, Outcome.failed, naming)
+        settlement = self._reused(claim, Outcome.failed, naming, 0)
         if settlement is None:
             settlement = self._plan_failed(claim, failure, naming)
         return self._finish_failed(claim, settlement)
 
-    def _plan_done(self, claim: Claim, naming: Naming) -> Settlement:
+    def _plan_done(self, claim: Claim, naming: Naming, parts: int) -> Settlement:
         """The first number free for the original in done/ and its Markdown and companions
-        in the outbox together, so that `done/x-2.pdf` goes with `outbox/x-2.md`."""
+        in the outbox together, so that `done/x-2.pdf` goes with `outbox/x-2.md`; a
+        document split into parts gets `x-1.md`, `x-2.md`, ... (all free) beside it."""
         relative = named(claim.relative_path, naming)
         number = 0
         while True:
             number += 1
             original = numbered(self.inbox.done / relative, number)
             markdown = markdown_path(self.inbox.outbox, relative, number)
-            if original.exists() or not outputs_free(markdown):
+            markdowns = (
+                [part_markdown(markdown, k) for k in range(1, parts + 1)]
+                if parts > 1
+                else [markdown]
+            )
+            if original.exists() or not all(outputs_free(m) for m in markdowns):
                 continue
             settlement = Settlement(
                 Outcome.done,
                 str(original),
-                markdown=str(markdown),
+                markdown=str(markdowns[0]),
                 naming=naming,
                 companions=self._free_companions(claim, self.inbox.done, naming),
+                parts=[str(m) for m in markdowns] if parts > 1 else [],
             )
             if self._take(claim, settlement):
                 return settlement
@@ -170,14 +185,17 @@ class Settler:
         settlement.release(claim.id)
         return False
 
-    def _reused(self, claim: Claim, outcome: Outcome, naming: Naming) -> Settlement | None:
-        """The plan an earlier attempt saved, if it is for this outcome and naming and its
-        names are (still, or now) this claim's; otherwise it is abandoned."""
+    def _reused(
+        self, claim: Claim, outcome: Outcome, naming: Naming, parts: int
+    ) -> Settlement | None:
+        """The plan an earlier attempt saved, if it is for this outcome, naming and number
+        of parts and its names are (still, or now) this claim's; otherwise it is
+        abandoned."""
         settlement = claim.state.settlement
         if settlement is None:
             return None
         fits = settlement.outcome == outcome and settlement.naming == naming
-        complete = outcome is Outcome.failed or settlement.markdown is not None
+        complete = outcome is Outcome.failed or len(settlement.markdowns()) == parts
         if fits and complete and settlement.reserve(claim.id):
             return settlement
         self._abandon(settlement, claim.id)
@@ -195,8 +213,9 @@ class Settler:
     def _abandon(settlement: Settlement, owner: str) -> None:
         """Remove what a plan that will not be finished wrote (its original never moved),
         and give up its names; what another planner holds is not touched."""
-        if settlement.markdown is not None and holds(Path(settlement.markdown), owner):
-            discard_outputs(Path(settlement.markdown), with_markdown=True)
+        for markdown in settlement.markdowns():
+            if holds(markdown, owner):
+                discard_outputs(markdown, with_markdown=True)
         if settlement.error_report is not None and holds(Path(settlement.original), owner):
             Path(settlement.error_report).unlink(missing_ok=True)
         settlement.release(owner)
@@ -215,7 +234,7 @@ class Settler:
             return None
         if settlement.outcome is Outcome.failed:
             return self._finish_failed(claim, settlement)
-        if settlement.markdown is None or not Path(settlement.markdown).is_file():
+        if not settlement.written():
             return None  # died before the Markdown was in place: convert again
         self._finish(claim, settlement)
         return settlement

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 
 from ocrd.domain import PageResult, PageSource
-from ocrd.engines.rapidocr import TextLine, reading_order
 from ocrd.grounding import SCALE, Block, Box
+from ocrd.lines import TextLine, reading_order
 from ocrd.markdown import scrub_tags
 
 Region = tuple[float, float, float, float]  # left, top, right, bottom as fractions (0..1)

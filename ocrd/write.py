@@ -1,14 +1,15 @@
 """Writing: a converted document's files in the outbox, the Markdown last.
 
 Beside `<name>.md` go `<name>.assets/` (figures cropped from the pages), and where the inbox
-asks for them `<name>.layout.json` (every block with its boxes) and `<name>.raw.jsonl` (the
-engine's raw text, for `ocrd rerender`). The companions are in place before the Markdown,
-so a reader who sees the Markdown finds everything it links to.
+asks for them `<name>.layout.json` (every block with its boxes), `<name>.raw.jsonl` (the
+engine's raw text, for `ocrd rerender`) and `<name>.pdf` (the searchable PDF, made by a
+render worker). The companions are in place before the Markdown, so a reader who sees the
+Markdown finds everything it links to. A document split at separator sheets is written
+part by part, each as a document of its own.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ from urllib.parse import quote
 from ocrd import __version__
 from ocrd.config import BlankPages, DocumentOptions
 from ocrd.domain import DocumentResult, Figure, PageResult, PageSource
+from ocrd.dropped import printable
 from ocrd.files import (
     fsync_dir,
+    json_bytes,
     link_or_copy,
     numbered,
     replace_file,
@@ -57,6 +60,14 @@ class OutputFiles:
     def raw(self) -> Path:
         return self._beside(".raw.jsonl")
 
+    @property
+    def pdf(self) -> Path:
+        return self._beside(".pdf")
+
+    @property
+    def companions(self) -> tuple[Path, ...]:
+        return (self.assets, self.layout, self.raw, self.pdf)
+
 
 def markdown_path(outbox: Path, relative: PurePath, number: int = 1) -> Path:
     """`<outbox>/<folder>/<stem>.md` for number 1, `<stem>-2.md` for 2, ..."""
@@ -65,7 +76,13 @@ def markdown_path(outbox: Path, relative: PurePath, number: int = 1) -> Path:
 
 def outputs_free(markdown: Path) -> bool:
     files = OutputFiles(markdown)
-    return not any(p.exists() for p in (markdown, files.assets, files.layout, files.raw))
+    return not any(p.exists() for p in (markdown, *files.companions))
+
+
+def part_markdown(markdown: Path, part: int) -> Path:
+    """The Markdown of part `part` (1-based) of a document split at separator sheets:
+    `<stem>-1.md`, `<stem>-2.md`, ... beside the name the whole would have had."""
+    return markdown.with_name(f"{markdown.stem}-{part}{markdown.suffix}")
 
 
 def markdown_target(outbox: Path, relative: PurePath) -> Path:
@@ -80,8 +97,8 @@ def discard_outputs(markdown: Path, *, with_markdown: bool = False) -> None:
     """Remove what an abandoned plan wrote: its companions, and its Markdown if asked."""
     files = OutputFiles(markdown)
     shutil.rmtree(files.assets, ignore_errors=True)
-    files.layout.unlink(missing_ok=True)
-    files.raw.unlink(missing_ok=True)
+    for companion in (files.layout, files.raw, files.pdf):
+        companion.unlink(missing_ok=True)
     if with_markdown:
         markdown.unlink(missing_ok=True)
 
@@ -151,19 +168,25 @@ def _page_layout(page: PageResult, assets: str) -> dict[str, Any]:
 
 
 def layout_document(result: DocumentResult, source: str, assets: str) -> dict[str, Any]:
-    return {
-        "source": source,
+    layout: dict[str, Any] = {
+        "source": printable(source),
         "ocrd_version": __version__,
         "unfinished_pages": result.unfinished_pages,
         "text_layer_pages": result.text_layer_pages,
         "blank_pages": result.blank_pages,
-        "pages": [_page_layout(page, assets) for page in result.pages],
     }
+    if result.split is not None:  # where the document was cut, and which part this is
+        layout["split"] = {"part": (result.part or 0) + 1, "of": len(result.split.parts),
+                           **result.split.fields()}  # fmt: skip
+    layout["pages"] = [_page_layout(page, assets) for page in result.pages]
+    return layout
 
 
-def raw_lines(result: DocumentResult) -> str:
-    """One JSON object a page: what `ocrd rerender` needs to write the same output again."""
-    return "".join(json.dumps(page_record(p), ensure_ascii=False) + "\n" for p in result.pages)
+def raw_lines(result: DocumentResult) -> bytes:
+    """One JSON object a page, every page of the document (also in a part's file, with the
+    separator sheets): what `ocrd rerender` needs to write the same output again."""
+    pages = result.whole or tuple(result.pages)
+    return b"".join(json_bytes(page_record(page)) + b"\n" for page in pages)
 
 
 def _place_figures(result: DocumentResult, assets: Path) -> None:
@@ -186,6 +209,21 @@ def _place_figures(result: DocumentResult, assets: Path) -> None:
     fsync_dir(assets.parent)
 
 
+def write_parts(
+    result: DocumentResult, settings: DocumentOptions, markdown: Path, source: str
+) -> list[Path]:
+    """The document's outputs at `markdown`, or for a document split at separator sheets
+    each part's at `<stem>-1.md`, `<stem>-2.md`, ... (`ocrd convert` and `ocrd rerender`;
+    the daemon plans its names in `ocrd/settle.py`)."""
+    parts = result.parts()
+    targets = [markdown] if len(parts) == 1 else [
+        part_markdown(markdown, k) for k in range(1, len(parts) + 1)
+    ]  # fmt: skip
+    for part, target in zip(parts, targets, strict=True):
+        write_document(part, settings, target, source)
+    return targets
+
+
 def write_document(
     result: DocumentResult, settings: DocumentOptions, markdown: Path, source: str
 ) -> OutputFiles:
@@ -195,11 +233,13 @@ def write_document(
     _place_figures(result, files.assets)
     if settings.layout_file:
         layout = layout_document(result, source, files.assets.name)
-        replace_file(
-            files.layout, (json.dumps(layout, indent=1, ensure_ascii=False) + "\n").encode()
-        )
+        replace_file(files.layout, json_bytes(layout, indent=1) + b"\n")
     if settings.keep_raw:
-        replace_file(files.raw, raw_lines(result).encode())
+        replace_file(files.raw, raw_lines(result))
+    if result.pdfs:  # made durable by the render worker: given its name in the outbox
+        files.pdf.unlink(missing_ok=True)  # left by an attempt that died before its Markdown
+        link_or_copy(result.pdfs[0], files.pdf)
+        fsync_dir(files.pdf.parent)
     text = render_markdown(result, settings, files.assets.name)
     write_new_file(markdown, text.encode("utf-8"))
     return files

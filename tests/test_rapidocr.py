@@ -10,7 +10,8 @@ from PIL import Image
 
 from ocrd.config import PromptMode, RapidOcrConfig
 from ocrd.domain import PageImage
-from ocrd.engines.rapidocr import RapidOcrEngine, TextLine, lines_to_markdown
+from ocrd.engines.rapidocr import RapidOcrEngine
+from ocrd.lines import TextLine, lines_to_markdown
 
 
 def words(text: str) -> list[str]:

@@ -25,15 +25,13 @@ import pymupdf
 import pytest
 from PIL import Image
 
-from ocrd.config import PipelineConfig, PromptMode, RapidOcrConfig
+from ocrd.config import DocumentOptions, PipelineConfig, PromptMode, RapidOcrConfig
 from ocrd.domain import (
-    DocumentSettings,
     InputFormat,
     PageInfo,
     PageResult,
     PageSource,
     PageText,
-    RenderSettings,
 )
 from ocrd.engines.rapidocr import RapidOcrEngine
 from ocrd.grounding import SCALE
@@ -306,7 +304,7 @@ def grounded_pages(images: Sequence[Path], answers: Sequence[str]) -> list[PageR
     return pages
 
 
-Jobs = dict[str, tuple[Sources, DocumentSettings]]
+Jobs = dict[str, tuple[Sources, DocumentOptions]]
 
 
 async def _recognise(jobs: Jobs) -> dict[str, list[PageResult]]:
@@ -315,7 +313,7 @@ async def _recognise(jobs: Jobs) -> dict[str, list[PageResult]]:
     pipeline = Pipeline.create(engine, PipelineConfig(), 2048)
     try:
 
-        async def one(sources: Sources, settings: DocumentSettings) -> list[PageResult]:
+        async def one(sources: Sources, settings: DocumentOptions) -> list[PageResult]:
             with tempfile.TemporaryDirectory() as scratch:
                 return (await pipeline.convert(sources, settings, Path(scratch))).pages
 
@@ -332,7 +330,7 @@ def recognised(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     its searchable PDF."""
     folder = tmp_path_factory.mktemp("inputs")
     real = corpus / "real"
-    settings = DocumentSettings(pdf_text="prefer", render=RenderSettings(passwords=(PASSWORD,)))
+    settings = DocumentOptions(pdf_text="prefer", passwords=(PASSWORD,))
     sources = {
         "multipage-scan.tif": Sources((corpus / "scans" / "multipage-scan.tif",)),
         "rotated_skew.pdf": Sources((real / "ocrmypdf__rotated_skew.pdf",)),

@@ -7,8 +7,8 @@ import re
 
 from ocrd.config import PromptMode
 from ocrd.domain import PageInfo, PageResult, PageSource, PageText
-from ocrd.engines.rapidocr import TextLine, lines_to_markdown
 from ocrd.grounding import Block, Box, parse_page
+from ocrd.lines import TextLine, lines_to_markdown
 from ocrd.markdown import page_markdown
 from ocrd.page import assemble_page
 from ocrd.textlayer import (

@@ -17,6 +17,7 @@ from ocrd.render.detect import not_a_file
 from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.pixels import hand_over, write_png
 from ocrd.render.protocol import Region, RenderedPage, RenderLimits
+from ocrd.render.separators import SeparatorRules, detect_on_scan
 
 
 class RasterSource:
@@ -54,8 +55,11 @@ class RasterSource:
     def _dpi(self) -> float:
         return float(self.image.info.get("dpi", (72, 72))[0] or 72)  # may be a fraction
 
-    def render(self, number: int, buffer: mmap.mmap) -> RenderedPage:
+    def render(
+        self, number: int, buffer: mmap.mmap, separators: SeparatorRules | None = None
+    ) -> RenderedPage:
         frame = self._frame(number)
+        original = frame
         width, height = frame.size
         dpi = self._dpi()
         scale = min(1.0, self.settings.max_image_side / max(width, height))
@@ -65,9 +69,11 @@ class RasterSource:
         pixels = frame.tobytes()
         blank = looks_blank(pixels, frame.width, frame.height)
         size, payload = hand_over(pixels, buffer)
+        # A barcode is read from the scan's own pixels, before they were scaled down.
+        mark = detect_on_scan(original, dpi, separators, blank) if separators else None
         return RenderedPage(
             frame.width, frame.height, size, payload, width * 72.0 / dpi, height * 72.0 / dpi,
-            blank,
+            blank, mark,
         )  # fmt: skip
 
     def figures(

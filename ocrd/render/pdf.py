@@ -24,6 +24,7 @@ from ocrd.render.detect import not_a_file
 from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.pixels import hand_over, write_png
 from ocrd.render.protocol import Region, RenderedPage, RenderLimits
+from ocrd.render.separators import SeparatorRules, detect_on_pdf_page
 
 EMBEDDED_COVER = 0.9  # an embedded image covering this much of a figure's box supplies it
 
@@ -66,7 +67,9 @@ class PdfSource:
     def _unlock(self) -> bool:
         return any(self.doc.authenticate(password) for password in ("", *self.settings.passwords))
 
-    def render(self, number: int, buffer: mmap.mmap) -> RenderedPage:
+    def render(
+        self, number: int, buffer: mmap.mmap, separators: SeparatorRules | None = None
+    ) -> RenderedPage:
         import pymupdf
 
         page = self.doc.load_page(number - 1)
@@ -88,8 +91,9 @@ class PdfSource:
         # samples_mv points into the pixmap's memory: copy while the pixmap is alive.
         blank = looks_blank(pixmap.samples_mv, pixmap.width, pixmap.height)
         size, payload = hand_over(pixmap.samples_mv, buffer)
+        mark = detect_on_pdf_page(page, separators, blank) if separators else None
         return RenderedPage(
-            pixmap.width, pixmap.height, size, payload, rect.width, rect.height, blank
+            pixmap.width, pixmap.height, size, payload, rect.width, rect.height, blank, mark
         )
 
     def text_layer(self, number: int, running_lines: bool = True) -> TextLayer:

@@ -36,6 +36,7 @@ from ocrd.render.protocol import (
     FiguresCut,
     Open,
     Opened,
+    PdfWritten,
     Ping,
     ReadTextLayer,
     Region,
@@ -46,8 +47,11 @@ from ocrd.render.protocol import (
     Request,
     SourceKey,
     TextLayerRead,
+    WriteSearchablePdf,
 )
+from ocrd.render.separators import SeparatorRules
 from ocrd.render.worker import OPEN_SOURCES_PER_WORKER, worker_main
+from ocrd.searchable import SearchablePdfResult
 
 WORKER_START_SECONDS = 60.0
 R = TypeVar("R", bound=Reply)
@@ -146,26 +150,31 @@ class RenderWorker:
                 image = Image.frombytes("RGB", (page.width, page.height), pixels)
         else:
             image = Image.frombytes("RGB", (page.width, page.height), page.payload)
-        return PageImage(number, image, page.width_pt, page.height_pt, page.blank)
+        return PageImage(
+            number, image, page.width_pt, page.height_pt, page.blank, page.separator
+        )
 
     # On the event loop:
 
-    async def request(self, request: Request, reply: type[R], what: str) -> R:
-        """Send `request` and wait for its reply of type `reply`, within the time limit."""
+    async def request(
+        self, request: Request, reply: type[R], what: str, seconds: float | None = None
+    ) -> R:
+        """Send `request` and wait for its reply of type `reply`, within the time limit (a
+        page's, unless `seconds` says)."""
         loop = asyncio.get_running_loop()
         page = getattr(request, "page", None)
+        limit = seconds or self.limits.page_timeout_seconds
         try:
             await asyncio.wait_for(  # starting a process is not the document's time
                 loop.run_in_executor(self._thread, self.ensure_started), WORKER_START_SECONDS
             )
             answer = await asyncio.wait_for(
-                loop.run_in_executor(self._thread, self._call, request),
-                timeout=self.limits.page_timeout_seconds,
+                loop.run_in_executor(self._thread, self._call, request), timeout=limit
             )
         except TimeoutError:
             self.kill()
             raise RenderError(
-                f"{what} took longer than {self.limits.page_timeout_seconds:g} s and was stopped",
+                f"{what} took longer than {limit:g} s and was stopped",
                 page=page,
                 code=RenderFailure.timeout,
             ) from None
@@ -265,10 +274,13 @@ class RenderPool:
         async with self._worker(source) as worker:
             return await worker.open_source(source.key)
 
-    async def render(self, source: SourceFile, number: int) -> PageImage:
+    async def render(
+        self, source: SourceFile, number: int, separators: SeparatorRules | None = None
+    ) -> PageImage:
+        """Page `number` of the file; with `separators`, also whether it separates."""
         async with self._worker(source) as worker:
             page = await worker.request(
-                RenderPage(source.key, number), RenderedPage, f"page {number}"
+                RenderPage(source.key, number, separators), RenderedPage, f"page {number}"
             )
             return worker.pixels(number, page)
 
@@ -297,6 +309,15 @@ class RenderPool:
         async with self._worker(source) as worker:
             reply = await worker.request(request, FiguresCut, f"the figures of page {number}")
             return reply.figures
+
+    async def searchable_pdf(
+        self, request: WriteSearchablePdf, seconds: float
+    ) -> SearchablePdfResult:
+        """Write a searchable PDF (any worker), within `seconds`."""
+        request.target.parent.mkdir(parents=True, exist_ok=True)
+        async with self._worker(None) as worker:
+            reply = await worker.request(request, PdfWritten, "the searchable PDF", seconds)
+            return reply.result
 
     def shutdown(self) -> None:
         for worker in self._workers:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocrd.config import PipelineConfig, RenderSettings
-from ocrd.domain import Figure, InputFormat, TextLayer
+from ocrd.domain import Figure, InputFormat, PageResult, SeparatorMark, TextLayer
 from ocrd.render.errors import RenderFailure
+from ocrd.render.separators import SeparatorRules
+from ocrd.searchable import SearchablePdfResult
 
 Region = tuple[float, float, float, float]  # a part of a page as fractions (0..1) of it
 
@@ -62,6 +64,7 @@ class Open:
 class RenderPage:
     source: SourceKey
     page: int  # 1-based, within the file
+    separators: SeparatorRules | None = None  # also tell whether it is a separator sheet
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,19 @@ class CutFigures:
     names: Sequence[str]
 
 
-Request = Ping | Open | RenderPage | ReadTextLayer | CutFigures
+@dataclass(frozen=True)
+class WriteSearchablePdf:
+    """The document's pages (or one part's) with their text laid invisibly over them."""
+
+    files: tuple[tuple[Path, InputFormat], ...]
+    order: tuple[tuple[int, int], ...]  # (file index, page in file) for each page, in order
+    pages: tuple[PageResult, ...]
+    target: Path
+    archive: bool
+    passwords: tuple[str, ...]
+
+
+Request = Ping | Open | RenderPage | ReadTextLayer | CutFigures | WriteSearchablePdf
 
 
 def page_of(request: Request) -> int | None:
@@ -114,6 +129,7 @@ class RenderedPage:
     width_pt: float
     height_pt: float
     blank: bool
+    separator: SeparatorMark | None = None  # where RenderPage asked
 
 
 @dataclass(frozen=True)
@@ -133,4 +149,9 @@ class Failed:
     code: RenderFailure
 
 
-Reply = Ready | Opened | RenderedPage | TextLayerRead | FiguresCut | Failed
+@dataclass(frozen=True)
+class PdfWritten:
+    result: SearchablePdfResult
+
+
+Reply = Ready | Opened | RenderedPage | TextLayerRead | FiguresCut | PdfWritten | Failed

@@ -25,6 +25,7 @@ from ocrd.render.protocol import (
     FiguresCut,
     Open,
     Opened,
+    PdfWritten,
     Ping,
     ReadTextLayer,
     Ready,
@@ -34,10 +35,13 @@ from ocrd.render.protocol import (
     Request,
     SourceKey,
     TextLayerRead,
+    WriteSearchablePdf,
     page_of,
 )
+from ocrd.searchable import SearchablePdfError, SearchablePdfResult, write_searchable_pdf
 
 OPEN_SOURCES_PER_WORKER = 4
+MAX_FINDINGS_SHOWN = 3
 Source = PdfSource | RasterSource
 
 
@@ -65,8 +69,8 @@ class _Worker:
                 return Ready()
             case Open(source=key):
                 return Opened(self.source(key).page_count)
-            case RenderPage(source=key, page=page):
-                return self.source(key).render(page, self.buffer)
+            case RenderPage(source=key, page=page, separators=separators):
+                return self.source(key).render(page, self.buffer, separators)
             case ReadTextLayer(source=key, page=page, running_lines=running_lines):
                 source = self.source(key)
                 if not isinstance(source, PdfSource):
@@ -76,7 +80,21 @@ class _Worker:
                 return FiguresCut(
                     self.source(key).figures(page, boxes, dpi, folder, request.names)
                 )
+            case WriteSearchablePdf():
+                return PdfWritten(self.searchable_pdf(request))
         raise TypeError(f"not a render request: {request!r}")
+
+    @staticmethod
+    def searchable_pdf(request: WriteSearchablePdf) -> SearchablePdfResult:
+        try:
+            return write_searchable_pdf(
+                request.files, request.order, request.pages, request.target,
+                archive=request.archive, passwords=request.passwords,
+            )  # fmt: skip
+        except SearchablePdfError as error:
+            findings = "; ".join(error.findings[:MAX_FINDINGS_SHOWN])
+            detail = f" (PDF/A findings: {findings})" if findings else ""
+            raise RenderError(f"the searchable PDF: {error}{detail}") from None
 
     def answer(self, request: Request) -> Reply:
         try:

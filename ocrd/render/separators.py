@@ -10,7 +10,8 @@ An inbox may split a file or a scan job at three kinds of separator page (`split
   is enough: the barcode is read like any other, the bars are measured on scanlines across
   each edge band (what a scanner's patch reader does along its leading edge).
 - `barcode`: a barcode whose whole text matches the inbox's `split_barcode` expression.
-- `blank`: a blank page, as `ocrd.render.looks_blank` judges it at the engine's resolution.
+- `blank`: a blank page, as `ocrd.render.analysis.looks_blank` judges it at the engine's
+  resolution.
 
 Detection is pure and blocking, for a render worker: it never runs in the daemon's process.
 Barcodes need about 200 pixels per inch (Code 39 and Code 128 with 0.25 mm modules are not
@@ -23,16 +24,16 @@ benchmarks/separators.py measures what it costs.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
 import zxingcpp
 from PIL import Image
 
-SPLIT_ON_CHOICES = ("patch_t", "barcode", "blank")
+from ocrd.domain import SeparatorKind, SeparatorMark, Split
+from ocrd.render.analysis import looks_blank
 
 # Pixels per inch a page is read for barcodes at (see the docstring). A finer scan is
 # reduced to it first: at 300 DPI zxing-cpp took 2 to 18 times as long (a scan's noise makes
@@ -61,15 +62,6 @@ PATCH_SCANLINES = 120  # scanlines across each edge band
 PATCH_MIN_CONTRAST = 60  # grey levels between paper and bars
 
 
-class SeparatorKind(StrEnum):
-    """Why a page separates documents (none: it does not)."""
-
-    none = "none"
-    patch_t = "patch_t"
-    barcode = "barcode"
-    blank = "blank"
-
-
 @dataclass(frozen=True)
 class SeparatorRules:
     """What an inbox splits on: its `split_on` list and `split_barcode` expression."""
@@ -79,45 +71,13 @@ class SeparatorRules:
     blank: bool = False
 
     @classmethod
-    def of(
-        cls, split_on: Iterable[str], split_barcode: str | None = None, collate: bool = False
-    ) -> SeparatorRules:
-        """The rules for an inbox's settings; ValueError says what is wrong with them (for
-        the config's validation: the messages name the keys)."""
-        kinds = list(split_on)
-        unknown = [kind for kind in kinds if kind not in SPLIT_ON_CHOICES]
-        if unknown:
-            raise ValueError(
-                f"split_on: unknown separator {', '.join(map(repr, unknown))}; "
-                f"choose from {', '.join(SPLIT_ON_CHOICES)}"
-            )
-        if "blank" in kinds and collate:
-            raise ValueError(
-                "split_on: 'blank' cannot be used with collate: true, where the blank backs "
-                "of one-sided sheets are normal and would split the document at every sheet; "
-                "put PATCH-T or barcode sheets between documents and split on those instead"
-            )
-        if "barcode" in kinds and not split_barcode:
-            raise ValueError(
-                "split_on has 'barcode' but split_barcode is not set: give the regular "
-                "expression that a separator barcode's whole text matches, e.g. 'SEPARATOR'"
-            )
-        if split_barcode and "barcode" not in kinds:
-            raise ValueError(
-                "split_barcode is set but split_on has no 'barcode': add it to split_on, "
-                "or remove split_barcode"
-            )
-        if split_barcode:
-            try:
-                re.compile(split_barcode)
-            except re.error as error:
-                raise ValueError(
-                    f"split_barcode {split_barcode!r} is no regular expression: {error}"
-                ) from None
+    def of(cls, split_on: Collection[str], split_barcode: str | None = None) -> SeparatorRules:
+        """The rules for an inbox's `split_on` and `split_barcode` (checked by the
+        configuration: a barcode expression is given exactly when `barcode` is asked for)."""
         return cls(
-            patch_t="patch_t" in kinds,
-            barcode=split_barcode if "barcode" in kinds else None,
-            blank="blank" in kinds,
+            patch_t="patch_t" in split_on,
+            barcode=split_barcode if "barcode" in split_on else None,
+            blank="blank" in split_on,
         )
 
     @property
@@ -132,40 +92,6 @@ class SeparatorRules:
     def symbologies(self) -> tuple[Any, ...]:
         """The barcode symbologies worth reading: all for `barcode`, few for PATCH-T alone."""
         return () if self.barcode is not None else PATCH_T_SYMBOLOGIES
-
-
-@dataclass(frozen=True)
-class SeparatorMark:
-    """What detection found on one page: whether it separates, and why."""
-
-    kind: SeparatorKind = SeparatorKind.none
-    text: str = ""  # the barcode's text where a barcode decided it
-    symbology: str = ""  # the barcode's symbology ("Code 39", "QR Code"), or "PATCH bars"
-    blank: bool = False  # the page looked blank at the engine's resolution
-
-    @property
-    def separates(self) -> bool:
-        return self.kind is not SeparatorKind.none
-
-    def describe(self) -> str:
-        """For logs and reports: 'PATCH-T sheet (Code 39 "PATCHT")', 'blank page', ..."""
-        if self.kind is SeparatorKind.patch_t:
-            how = "its bars" if not self.text else f'{self.symbology} "{self.text}"'
-            return f"PATCH-T sheet ({how})"
-        if self.kind is SeparatorKind.barcode:
-            return f'separator barcode "{self.text}" ({self.symbology})'
-        if self.kind is SeparatorKind.blank:
-            return "blank page"
-        return "no separator"
-
-    def fields(self) -> dict[str, object]:
-        """The mark for the summary event and the layout file."""
-        found: dict[str, object] = {"kind": self.kind.value}
-        if self.text:
-            found["text"] = self.text
-        if self.symbology:
-            found["symbology"] = self.symbology
-        return found
 
 
 # --- detection --------------------------------------------------------------------------
@@ -226,9 +152,6 @@ def judged_by_blankness(rules: SeparatorRules, blank: bool) -> SeparatorMark:
 
 
 def _looks_blank(image: Image.Image) -> bool:
-    # Imported here so that ocrd.render can import this module, in either order.
-    from ocrd.render import looks_blank
-
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     return looks_blank(rgb.tobytes(), rgb.width, rgb.height)
 
@@ -324,7 +247,7 @@ def _band_has_pattern(band: np.ndarray, units: tuple[float, float]) -> bool:
     along = np.unique(same[:, 0])
     length = (along[-1] - along[0] + 1) * step  # pixels along the edge
     cover = len(along) / (along[-1] - along[0] + 1)
-    return length >= PATCH_MIN_LENGTH * unit and cover >= PATCH_MIN_COVER
+    return bool(length >= PATCH_MIN_LENGTH * unit and cover >= PATCH_MIN_COVER)
 
 
 def _pattern_hits(lines: np.ndarray, units: tuple[float, float]) -> np.ndarray:
@@ -357,36 +280,6 @@ def _pattern_hits(lines: np.ndarray, units: tuple[float, float]) -> np.ndarray:
 
 
 # --- splitting ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Split:
-    """A document's pages cut at its separator pages."""
-
-    parts: tuple[tuple[int, ...], ...]  # page numbers of each part, in reading order
-    separators: tuple[tuple[int, SeparatorMark], ...]  # the separator pages, and why
-    backs: tuple[int, ...] = ()  # blank backs of separator sheets, dropped with them
-
-    @property
-    def numbered(self) -> bool:
-        """Whether the parts are written as `<name>-1.md`, `<name>-2.md`, ...: only where
-        there is more than one; a single part keeps the document's own name."""
-        return len(self.parts) > 1
-
-    @property
-    def dropped(self) -> list[int]:
-        """Every page that is in no part: the separators and their backs."""
-        return sorted([number for number, _ in self.separators] + list(self.backs))
-
-    def fields(self) -> dict[str, object]:
-        """Where the document was split, for its summary event and layout file."""
-        found: dict[str, object] = {
-            "parts": [list(part) for part in self.parts],
-            "separators": [{"page": number, **mark.fields()} for number, mark in self.separators],
-        }
-        if self.backs:
-            found["separator_backs"] = list(self.backs)
-        return found
 
 
 def split_pages(

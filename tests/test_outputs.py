@@ -1,0 +1,130 @@
+"""What a user finds in the outbox through `ocrd run`: batch scans split at separator sheets
+into documents of their own, and searchable PDFs beside the Markdown, also after a kill
+and with `ocrd rerender`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pymupdf
+import pytest
+from conftest import files_under, markdown_under, write_config
+from helpers import make_pdf
+from separator_sheets import Sheet, stack_folder, stack_pdf
+
+pytestmark = pytest.mark.slow
+
+SPLIT = {"split_on": ["patch_t", "barcode"], "split_barcode": r"SPLIT-\d{4}"}
+STACK = [
+    Sheet("scan", "phototest.tif"),  # document 1: a scan and a PDF page
+    Sheet("pdf", "ocrmypdf__linn.pdf"),
+    Sheet("patch_t"),
+    Sheet("scan", "eurotext.tif"),  # document 2: a scan and an invoice with its own barcode
+    Sheet("invoice", "INV-2024-0815"),
+    Sheet("qr", "SPLIT-0007"),
+    Sheet("nearly_blank"),  # document 3
+    Sheet("pdf", "ocrmypdf__linn.pdf"),
+    Sheet("scan", "8087_054.3B.tif"),
+    Sheet("code128", "SPLIT-0008"),  # a trailing separator leaves no empty part
+]
+PARTS = [[1, 2], [4, 5], [7, 8, 9]]
+
+
+def page_numbers(markdown: str) -> list[int]:
+    """The document pages a simulated engine's Markdown holds (its "Simulated page N")."""
+    return [int(line.split()[-1]) for line in markdown.splitlines()
+            if line.startswith("# Simulated page")]  # fmt: skip
+
+
+def test_a_batch_scan_splits_into_documents_at_its_separator_sheets(
+    tmp_path: Path, start_daemon
+) -> None:
+    inbox = {**SPLIT, "layout_file": True, "keep_raw": True, "job_folders": ["scan-*"]}
+    config = write_config(tmp_path, inbox)
+    data = tmp_path / "data"
+    stack_pdf(STACK, tmp_path / "batch.pdf").rename(data / "inbox" / "batch.pdf")
+    stack_folder(STACK, tmp_path / "job", dpi=300, suffix=".tif")
+    (tmp_path / "job").rename(data / "inbox" / "scan-0042")
+    daemon = start_daemon(config)
+    finished = daemon.wait_for("document.finished", count=2, timeout=300)
+    assert daemon.stop() == 0
+
+    assert {e["outcome"] for e in finished} == {"done"}
+    for name, path in (("batch", "batch.pdf"), ("scan-0042", "scan-0042")):
+        event = by(finished, path)
+        assert [part["pages"] for part in event["parts"]] == PARTS
+        assert [s["page"] for s in event["separators"]] == [3, 6, 10]
+        for index, part in enumerate(event["parts"], start=1):
+            markdown = Path(part["markdown"])
+            assert markdown.name == f"{name}-{index}.md"
+            assert page_numbers(markdown.read_text()) == PARTS[index - 1]
+            layout = json.loads(markdown.with_suffix(".layout.json").read_text())
+            assert layout["split"]["part"] == index and layout["split"]["of"] == 3
+            assert [p["page"] for p in layout["pages"]] == PARTS[index - 1]
+    assert sorted(markdown_under(data / "outbox")) == sorted(
+        [f"{n}-{k}.md" for n in ("batch", "scan-0042") for k in (1, 2, 3)]
+    )
+    assert files_under(data / "done") == ["batch.pdf", *sorted(
+        f"scan-0042/{p.name}" for p in (data / "done" / "scan-0042").iterdir()
+    )]  # fmt: skip
+    assert not (data / "work").exists() or not any((data / "work").iterdir())
+
+
+def by(events: list[dict[str, object]], path: str) -> dict[str, object]:
+    [event] = [e for e in events if e["path"] == path]
+    return event
+
+
+def test_a_searchable_pdf_lands_beside_the_markdown_and_survives_a_kill(
+    corpus: Path, tmp_path: Path, start_daemon
+) -> None:
+    """RapidOCR's lines laid invisibly over a real scan: the PDF is in place before the
+    Markdown, shows the original's pixels, and finds the recognised words; a daemon killed
+    while writing leaves no half-written PDF, and the next start writes it once."""
+    config = write_config(
+        tmp_path, {"outputs": ["markdown", "pdf"], "keep_raw": True},
+        engine={"kind": "rapidocr"},
+    )  # fmt: skip
+    data = tmp_path / "data"
+    scan = (corpus / "scans" / "phototest.tif").read_bytes()
+    (data / "inbox" / "phototest.tif").write_bytes(scan)
+    make_pdf(data / "inbox" / "letter.pdf", 3)
+    first = start_daemon(config)
+    first.wait_for("page.recognised", count=2, timeout=120)
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(timeout=30)
+
+    second = start_daemon(config)
+    finished = second.wait_for("document.finished", count=2, timeout=300)
+    assert second.stop() == 0
+    event = by(finished, "phototest.tif")
+    assert event["outcome"] == "done" and event["pdf"] == str(data / "outbox" / "phototest.pdf")
+    text = subprocess.run(
+        ["pdftotext", "-raw", str(data / "outbox" / "phototest.pdf"), "-"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    for word in ("quick", "brown", "jumped", "lazy"):
+        assert word in text
+    with pymupdf.open(data / "outbox" / "phototest.pdf") as out:
+        assert out.page_count == 1
+    assert files_under(data / "outbox") == [
+        "letter.md", "letter.pdf", "letter.raw.jsonl",
+        "phototest.md", "phototest.pdf", "phototest.raw.jsonl",
+    ]  # one of each, nothing half-written left by the kill
+
+    rerendered = tmp_path / "rerendered"
+    result = subprocess.run(
+        [sys.executable, "-m", "ocrd", "rerender", str(data / "done" / "phototest.tif"),
+         str(data / "outbox" / "phototest.raw.jsonl"), "--out", str(rerendered),
+         "--config", str(config)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (rerendered / "phototest.pdf").is_file()
+    assert (rerendered / "phototest.md").read_text() == (
+        data / "outbox" / "phototest.md"
+    ).read_text()
