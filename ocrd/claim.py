@@ -18,12 +18,15 @@ Claims left by an earlier run are taken up again at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
 import secrets
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -31,7 +34,14 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from ocrd.domain import Outcome
-from ocrd.dropped import Identity, kind_of, link_on_the_way, printable
+from ocrd.dropped import (
+    Identity,
+    NotRegularFile,
+    kind_of,
+    open_folder_beneath,
+    open_regular,
+    printable,
+)
 from ocrd.files import fsync_dir, release, rename_new, replace_file, reserve
 
 STATE_FILE = ".claim.json"
@@ -89,7 +99,8 @@ class Settlement:
 
     def names(self) -> list[Path]:
         """The names it plans for files (each reserved by the claim that planned it)."""
-        names = [*map(str, self.markdowns()), self.original, *self.companions]
+        names = [*map(str, self.markdowns()), self.original, self.error_report,
+                 *self.companions]  # fmt: skip
         return [Path(name) for name in names if name is not None]
 
     def reserve(self, owner: str) -> bool:
@@ -112,6 +123,9 @@ class ClaimState:
     engine_deaths: list[int] = field(default_factory=list)
     companions: list[str] = field(default_factory=list)  # other originals (a duplex's backs)
     settlement: Settlement | None = None
+    # Why a claim is kept for an operator and never processed: what arrived in it is not
+    # what was checked, and it could not be put back.
+    quarantine: str | None = None
 
 
 @dataclass
@@ -155,6 +169,10 @@ class Claim:
         self.save()
         return self.state.attempts
 
+    def quarantine(self, reason: str) -> None:
+        self.state.quarantine = reason
+        self.save()
+
     def record_engine_death(self, page: int) -> None:
         """The engine died while page `page` of this document was in it."""
         self.state.engine_deaths.append(page)
@@ -183,7 +201,12 @@ class NotClaimable(Exception):
 
 class Changed(Exception):
     """What lies at the path is no longer what was watched settling (swapped, replaced by
-    a link): it is left alone."""
+    a link): it is left alone (or, where it could not be put back, its claim quarantined:
+    `quarantined` names the claim folder)."""
+
+    def __init__(self, reason: str, quarantined: Path | None = None) -> None:
+        super().__init__(reason)
+        self.quarantined = quarantined
 
 
 def _user() -> str:
@@ -196,16 +219,26 @@ def _user() -> str:
 SHARED_INBOX_FIX = "or set the inbox up as the README's 'A shared inbox' says"
 
 
-def check_claimable(inbox: Path, path: Path, entry: os.stat_result) -> None:
-    """Raise NotClaimable where ocrd's user could not move `path` out of its folder (and
-    read it): nothing is touched to find out. Changed if `path` is no longer `entry`
-    (a refusal then says nothing about the file that was checked). Blocking."""
-    folder = path.parent
-    where = printable(str(folder.relative_to(inbox))) if folder != inbox else "the inbox"
+@dataclass(frozen=True)
+class Place:
+    """Where a ready entry lies: its folder, held open (reached from the inbox without
+    following any link), and its name there. Every check and the rename go through the
+    folder's descriptor, so a folder swapped for a link meanwhile changes nothing."""
+
+    folder: int
+    name: str
+    shown: str  # the folder, relative to the inbox, for people
+
+
+def check_claimable(place: Place, entry: os.stat_result) -> None:
+    """Raise NotClaimable where ocrd's user could not move the entry out of its folder
+    (and read it): nothing is touched to find out. Changed if the entry is no longer
+    `entry` (a refusal then says nothing about the file that was checked). Blocking."""
+    where = place.shown
     user = _user()
     refusal: NotClaimable | None = None
-    parent = os.stat(folder)
-    if not os.access(folder, os.W_OK | os.X_OK):
+    parent = os.stat(place.folder)
+    if not os.access(".", os.W_OK | os.X_OK, dir_fd=place.folder):
         refusal = NotClaimable(
             f"ocrd's user ({user}) may not write {where}, so it cannot move the file out",
             f"let ocrd's group write it (chgrp ocrd; chmod g+w) {SHARED_INBOX_FIX}",
@@ -217,32 +250,33 @@ def check_claimable(inbox: Path, path: Path, entry: os.stat_result) -> None:
             f"remove the sticky bit (chmod o-t) {SHARED_INBOX_FIX}",
         )
     elif stat.S_ISDIR(entry.st_mode):
-        if not os.access(path, os.R_OK | os.W_OK | os.X_OK, follow_symlinks=False):
+        mode = os.R_OK | os.W_OK | os.X_OK
+        if not os.access(place.name, mode, dir_fd=place.folder, follow_symlinks=False):
             refusal = NotClaimable(
                 f"ocrd's user ({user}) may not write this scan job folder, and a folder can "
                 "only be moved by a user who may write it",
                 f"let ocrd's group read and write it (chgrp -R ocrd; chmod -R g+rwX) "
                 f"{SHARED_INBOX_FIX}",
             )
-    elif not _readable(path, entry):
+    elif not _readable(place, entry):
         refusal = NotClaimable(
             f"ocrd's user ({user}) may not read the file",
             f"let ocrd's group read it (chgrp ocrd; chmod g+r) {SHARED_INBOX_FIX}",
         )
     if refusal is not None:
-        _still(path, entry)
+        _still(place, entry)
         raise refusal
 
 
-def _readable(path: Path, entry: os.stat_result) -> bool:
-    """Whether ocrd's user may read the regular file `entry` at `path` (ACLs included):
-    opened to find out, never through a link, never blocking; Changed if something else
-    lies there now."""
+def _readable(place: Place, entry: os.stat_result) -> bool:
+    """Whether ocrd's user may read the regular file `entry` (ACLs included): opened to
+    find out, never through a link, never blocking; Changed if something else lies there
+    now."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(Path(place.name), place.folder)
     except PermissionError:
         return False
-    except OSError:  # gone, or a link now (ELOOP)
+    except OSError:  # gone, or a link or FIFO now
         raise Changed("it changed while it was being checked") from None
     try:
         if Identity.of(os.fstat(fd)) != Identity.of(entry):
@@ -252,14 +286,21 @@ def _readable(path: Path, entry: os.stat_result) -> bool:
     return True
 
 
-def _still(path: Path, entry: os.stat_result) -> None:
-    """Raise Changed unless `path` is still the file `entry` describes."""
+def _still(place: Place, entry: os.stat_result) -> None:
+    """Raise Changed unless the entry is still the file `entry` describes."""
     try:
-        now = os.lstat(path)
+        now = os.stat(place.name, dir_fd=place.folder, follow_symlinks=False)
     except FileNotFoundError:
         raise Changed("it went away while it was being checked") from None
     if Identity.of(now) != Identity.of(entry):
         raise Changed("another file took its place while it was being checked")
+
+
+def _sync_quietly(folder: int) -> None:
+    """Make a rename out of a person's folder durable where the folder lets us: one that
+    refuses (its owner took our read permission) cannot undo a rename that is done."""
+    with contextlib.suppress(OSError):
+        os.fsync(folder)
 
 
 class WorkArea:
@@ -280,16 +321,17 @@ class WorkArea:
 
         `identity` is the file that was watched settling: anything else at `path` raises
         Changed and is left where it is. NotClaimable where ocrd's user cannot move it out.
-        Other OS errors (EMFILE, EIO) leave nothing behind and are the caller's to retry."""
-        entry = self._checked(path, identity)
-        if entry is None:
-            return None
-        relative = path.relative_to(self.inbox)
-        claim_id = new_claim_id()
-        folder = self.work / claim_id
-        self.work.mkdir(parents=True, exist_ok=True)
-        folder.mkdir(mode=0o700)  # people who may read the inbox may not look in here
-        try:
+        Other OS errors (EMFILE, EIO) before the move leave nothing behind and are the
+        caller's to retry; once the entry is in the claim, the claim goes on."""
+        with self._place(path) as place:
+            entry = self._checked(place, identity) if place is not None else None
+            if place is None or entry is None:
+                return None
+            relative = path.relative_to(self.inbox)
+            claim_id = new_claim_id()
+            folder = self.work / claim_id
+            self.work.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700)  # people who may read the inbox may not look in here
             state = ClaimState(
                 claim_id,
                 str(self.inbox),
@@ -298,52 +340,74 @@ class WorkArea:
                 companions=[str(c.relative_to(self.inbox)) for c in companions],
             )
             claim = Claim(folder, state)
-            claim.save()  # first: a claim folder without its original is known to be empty
-            if not self._move_in(path, claim.path, Identity.of(entry)):
-                shutil.rmtree(folder, ignore_errors=True)
+            try:
+                claim.save()  # first: a claim folder without its original is known empty
+                moved = self._move_in(place, claim, claim.path, Identity.of(entry))
+            except BaseException:
+                if not claim.path.exists() and not claim.path.is_symlink():
+                    shutil.rmtree(folder, ignore_errors=True)  # nothing moved in yet
+                raise
+            if not moved:
+                shutil.rmtree(folder, ignore_errors=True)  # it was gone before the rename
                 return None
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)  # no empty claim is left behind
-            raise
-        moved = [c for c in companions if self._companion_in(c, folder)]
-        if len(moved) != len(companions):
-            state.companions = [str(c.relative_to(self.inbox)) for c in moved]
+        taken = [c for c in companions if self._companion_in(c, claim)]
+        if len(taken) != len(companions):
+            state.companions = [str(c.relative_to(self.inbox)) for c in taken]
             claim.save()
         return claim
 
-    def _checked(self, path: Path, identity: Identity | None) -> os.stat_result | None:
-        """What lies at `path`, if it is the file (or job folder) that was watched and ocrd
+    @contextmanager
+    def _place(self, path: Path) -> Iterator[Place | None]:
+        """`path`'s folder held open, reached from the inbox without following links
+        (Changed if a link is on the way); None if that folder is gone."""
+        try:
+            folder = open_folder_beneath(self.inbox, path.parent)
+        except NotRegularFile:
+            raise Changed("a folder on its way is a symbolic link") from None
+        except (FileNotFoundError, NotADirectoryError):
+            yield None
+            return
+        try:
+            shown = str(path.parent.relative_to(self.inbox))
+            yield Place(folder, path.name, printable(shown) if shown != "." else "the inbox")
+        finally:
+            os.close(folder)
+
+    @staticmethod
+    def _checked(place: Place, identity: Identity | None) -> os.stat_result | None:
+        """What lies there, if it is the file (or job folder) that was watched and ocrd
         may move it; None if nothing lies there."""
         try:
-            linked = link_on_the_way(self.inbox, path)
-            entry = os.lstat(path)
-        except (FileNotFoundError, NotADirectoryError):
+            entry = os.stat(place.name, dir_fd=place.folder, follow_symlinks=False)
+        except FileNotFoundError:
             return None
-        if linked is not None:
-            raise Changed(f"{printable(str(linked))} on its way is a symbolic link")
         if not (stat.S_ISREG(entry.st_mode) or stat.S_ISDIR(entry.st_mode)):
             raise Changed(f"it is {kind_of(entry.st_mode)} now")
         if identity is not None and Identity.of(entry) != identity:
             raise Changed("another file took its place after it was checked")
-        check_claimable(self.inbox, path, entry)
+        check_claimable(place, entry)
         return entry
 
-    def _companion_in(self, source: Path, folder: Path) -> bool:
+    def _companion_in(self, source: Path, claim: Claim) -> bool:
         try:
-            entry = self._checked(source, None)
+            with self._place(source) as place:
+                entry = self._checked(place, None) if place is not None else None
+                if place is None or entry is None or not stat.S_ISREG(entry.st_mode):
+                    return False
+                target = claim.folder / source.relative_to(self.inbox)
+                return self._move_in(place, claim, target, Identity.of(entry))
         except (Changed, NotClaimable):
             return False  # the pair is converted without it; the log says so
-        if entry is None or not stat.S_ISREG(entry.st_mode):
-            return False
-        return self._move_in(source, folder / source.relative_to(self.inbox), Identity.of(entry))
 
     @staticmethod
-    def _move_in(source: Path, target: Path, identity: Identity) -> bool:
-        """Rename `source` into the claim; what arrived must be the file that was checked,
-        or it goes straight back (never opened, never followed)."""
+    def _move_in(place: Place, claim: Claim, target: Path, identity: Identity) -> bool:
+        """Rename the entry into the claim; what arrived must be the file that was checked,
+        or it goes straight back (never opened, never followed). Where it cannot go back
+        (its name was taken meanwhile), the claim is quarantined: kept, never processed,
+        listed for an operator; nothing that arrived is ever deleted."""
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.rename(source, target)
+            os.rename(place.name, target, src_dir_fd=place.folder)
         except FileNotFoundError:
             return False
         except PermissionError as error:  # an ACL or a mount option the checks missed
@@ -353,9 +417,17 @@ class WorkArea:
             ) from None
         arrived = os.lstat(target)
         if Identity.of(arrived) != identity or stat.S_ISLNK(arrived.st_mode):
-            rename_new(target, source)  # swapped between the check and the rename
+            try:  # swapped between the check and the rename
+                rename_new(target, Path(place.name), target_dir=place.folder)
+            except OSError as error:
+                reason = (
+                    f"{kind_of(arrived.st_mode)} arrived instead of the file that was "
+                    f"checked, and could not go back ({error.strerror})"
+                )
+                claim.quarantine(reason)
+                raise Changed(reason, claim.folder) from None
             raise Changed("another file took its place while it was being claimed")
-        fsync_dir(source.parent)
+        _sync_quietly(place.folder)  # a person's folder: may refuse, the move is done anyway
         fsync_dir(target.parent)
         return True
 

@@ -17,6 +17,7 @@ import click
 from ocrd import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
+DEEPEST_TREE_RECURSION = 10_000
 
 if TYPE_CHECKING:
     from ocrd.config import Config, DocumentOptions, EngineConfig, PipelineConfig
@@ -105,6 +106,9 @@ def run(config_path: Path, engine: str | None, log_format: str, log_level: str) 
     from ocrd.signals import EarlySignals
 
     early = EarlySignals().install()  # before the slow imports: a SIGHUP must not kill us
+    # A path is at most PATH_MAX (4096) bytes, so at most 2048 folders deep; walking a tree
+    # (ours, and watchdog's) recurses once a folder: deep trees must not end the daemon.
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), DEEPEST_TREE_RECURSION))
     from ocrd.daemon import Daemon
 
     configure_logging(log_format, log_level)

@@ -94,6 +94,8 @@ class Dispatcher:
             self.intake.block(inbox, path, refusal)
             return None
         except Changed as changed:
+            if changed.quarantined is not None:
+                self.intake.quarantine(inbox, changed.quarantined, str(changed))
             self.log.warning(
                 "file.changed",
                 path=shown,

@@ -41,7 +41,7 @@ from ocrd.log import FilteringBoundLogger, get_logger
 from ocrd.page import PageJournal
 from ocrd.pipeline import Pipeline, Progress
 from ocrd.settle import Settler
-from ocrd.sources import Sources
+from ocrd.sources import SourceKind, Sources, job_snapshot
 from ocrd.status import DocumentProgress, eta
 from ocrd.storage import Fault, classify, describe
 from ocrd.write import OutputFiles
@@ -49,6 +49,7 @@ from ocrd.write import OutputFiles
 T = TypeVar("T")
 
 STORAGE_RETRY = Backoff(first=1.0, cap=60.0)
+JOB_CHANGES_TOLERATED = 1  # a scan job that changes while converted is converted once more
 
 
 @dataclass(frozen=True)
@@ -196,16 +197,29 @@ class DocumentRunner:
         arrival: float,
     ) -> DocumentResult | DocumentFailed:
         try:
-            sources = await asyncio.to_thread(Sources.of, claim.path, claim.companion_paths)
-            return await self.pipeline.convert(
-                sources,
-                route.options,
-                claim.scratch,
-                log,
-                PageJournal(claim.journal),
-                progress,
-                arrival,
-            )
+            for attempt in range(1, JOB_CHANGES_TOLERATED + 2):
+                sources = await asyncio.to_thread(
+                    Sources.of, claim.path, claim.companion_paths, claim.folder
+                )
+                before = await asyncio.to_thread(_snapshot, sources)
+                result = await self.pipeline.convert(
+                    sources,
+                    route.options,
+                    claim.scratch,
+                    log,
+                    PageJournal(claim.journal),
+                    progress,
+                    arrival,
+                )
+                if await asyncio.to_thread(_snapshot, sources.again()) == before:
+                    return result
+                log.warning(  # a scanner went on writing into the job after it was taken
+                    "document.job_changed",
+                    attempt=attempt,
+                    action="converted again from its first page",
+                )
+                await asyncio.to_thread(claim.journal.unlink, missing_ok=True)
+            return failures.job_kept_changing(JOB_CHANGES_TOLERATED + 1)
         except DocumentFailed as failure:
             return failure
         except (EngineDeadError, asyncio.CancelledError):
@@ -239,6 +253,9 @@ class DocumentRunner:
                 lambda naming: route.settler.done(claim, result, route.options, naming), log
             )
         except StorageRefused as refused:
+            if refused.fault is Fault.owner_refused:
+                self._stuck(claim, str(refused), log)
+                return
             failure = (
                 failures.refused_everywhere(refused.error)
                 if refused.fault is Fault.name_refused
@@ -286,7 +303,11 @@ class DocumentRunner:
 
         try:
             settlement = await self._with_naming_fallback(plan, log)
-        except StorageRefused:  # nothing else to try: wait for an operator, original safe
+        except StorageRefused as refused:
+            if refused.fault is Fault.owner_refused:
+                self._stuck(claim, str(refused), log)
+                return
+            # nothing else to try: wait for an operator, the original safe
             settlement = await self._step(lambda: plan(Naming.flat), log, permanent_too=True)
         summary = self._summary(route, claim, Outcome.failed, started, settlement)
         summary.stage, summary.page, summary.reason = failure.stage, failure.page, failure.message
@@ -305,18 +326,23 @@ class DocumentRunner:
                 lambda: route.settler.failed(claim, failure, Naming.flat), log
             )
         except Exception as again:
-            reason = f"cannot be settled, not even as a failure: {type(again).__name__}: {again}"
-            self.stuck[claim.id] = f"{printable(claim.state.relative_path)} {reason}"
-            log.error(
-                "document.stuck",
-                error=repr(again),
-                action="left in the work area for an operator; ocrd goes on with other files",
-            )
+            why = f"cannot be settled, not even as a failure: {type(again).__name__}: {again}"
+            self._stuck(claim, why, log)
             return
         summary = self._summary(route, claim, Outcome.failed, time.monotonic(), settlement)
         summary.stage, summary.reason = failure.stage, failure.message
         summary.error_report = settlement.error_report
         self._finished(route, summary, log)
+
+    def _stuck(self, claim: Claim, reason: str, log: FilteringBoundLogger) -> None:
+        """A claim that cannot be settled now: listed for people, kept in the work area,
+        taken up again at the next start; ocrd goes on with other files."""
+        self.stuck[claim.id] = f"{printable(claim.state.relative_path)}: {reason}"
+        log.error(
+            "document.stuck",
+            reason=reason,
+            action="left in the work area for an operator; ocrd goes on with other files",
+        )
 
     async def _with_naming_fallback(
         self, plan: Callable[[Naming], Settlement], log: FilteringBoundLogger
@@ -327,7 +353,7 @@ class DocumentRunner:
             try:
                 return await self._step(functools.partial(plan, naming), log)
             except StorageRefused as error:
-                if error.fault is Fault.file_refused or naming is Naming.flat:
+                if error.fault is not Fault.name_refused or naming is Naming.flat:
                     raise
                 log.warning(
                     "storage.name_refused",
@@ -412,3 +438,8 @@ async def _uninterrupted(action: Callable[[], T]) -> T:
         with contextlib.suppress(Exception):
             await task
         raise
+
+
+def _snapshot(sources: Sources) -> tuple[tuple[str, int, int], ...]:
+    """A scan job's files as they are now; nothing to compare for a single file."""
+    return job_snapshot(sources) if sources.kind is SourceKind.folder else ()

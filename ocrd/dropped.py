@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,15 +39,21 @@ class Identity:
         return cls(info.st_dev, info.st_ino)
 
 
+# Characters a terminal or a text file would act on: C0 and C1 controls, DEL, and the
+# bidirectional overrides that make a name read backwards.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def printable(text: str) -> str:
-    """`text` with the bytes that are not UTF-8 (decoded by Python as lone surrogates)
-    written as `\\xNN`, so it can go into JSON, HTML, the environment or a report."""
+    """`text` as it can be shown anywhere: bytes that are not UTF-8 (decoded by Python as
+    lone surrogates) written as `\\xNN`, and control characters (a newline, a terminal's
+    escape sequences, direction overrides) as `\\xNN` or `\\uNNNN`, so a name can neither
+    break JSON, HTML, the environment or a report, nor forge a line or drive a terminal."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raw = text.encode("utf-8", "surrogateescape")
-        return raw.decode("utf-8", "backslashreplace")
-    return text
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _CONTROLS.sub(lambda match: match.group().encode("unicode_escape").decode(), text)
 
 
 def kind_of(mode: int) -> str:
@@ -76,12 +83,57 @@ def link_on_the_way(root: Path, path: Path) -> Path | None:
     return None
 
 
-def open_regular(path: Path) -> int:
-    """A read-only descriptor of the regular file at `path`; NotRegularFile for anything
-    else. The last component is not followed if it is a symbolic link (ELOOP), and a FIFO
-    does not block the open. Blocking; the caller closes the descriptor."""
+def open_folder_beneath(root: Path, folder: Path) -> int:
+    """A descriptor of `folder`, reached from `root` one folder at a time without following
+    any link below `root` (ELOOP as NotRegularFile, or FileNotFoundError): a folder swapped
+    for a link at any moment is never entered. `root` itself is trusted (the inbox, a claim
+    folder). Blocking; the caller closes it."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        for part in folder.relative_to(root).parts:
+            try:
+                inner = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise NotRegularFile(error.errno, "a link on the way; not followed",
+                                         str(folder)) from None  # fmt: skip
+                raise
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_beneath(root: Path, path: Path) -> int:
+    """`open_regular` for a file below `root`, reached without following any link on the
+    way (a job folder's subfolder swapped for a link after it was listed)."""
+    parent = open_folder_beneath(root, path.parent)
+    try:
+        return open_regular(Path(path.name), parent)
+    finally:
+        os.close(parent)
+
+
+def open_input(path: Path, root: Path | None) -> int:
+    """An input file: below `root` without following links on the way where given (a claim
+    folder, whose job folders a person may still be working in), else `open_regular`."""
+    return open_beneath(root, path) if root is not None else open_regular(path)
+
+
+def open_regular(path: Path, folder: int | None = None) -> int:
+    """A read-only descriptor of the regular file at `path` (in the folder descriptor
+    `folder`, if given); NotRegularFile for anything else. The last component is not
+    followed if it is a symbolic link (ELOOP), and a FIFO does not block the open.
+    Blocking; the caller closes the descriptor."""
+    try:
+        fd = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+        )
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise NotRegularFile(errno.ELOOP, "a symbolic link; not followed", str(path)) from None
@@ -94,11 +146,15 @@ def open_regular(path: Path) -> int:
 
 
 @contextmanager
-def opened(path: Path) -> Iterator[BinaryIO]:
-    """The regular file at `path`, open for reading (see `open_regular`)."""
-    handle = os.fdopen(open_regular(path), "rb")
+def opened(path: Path, root: Path | None = None) -> Iterator[BinaryIO]:
+    """The regular file at `path`, open for reading (see `open_regular`; below `root`
+    without following links on the way, where given)."""
+    handle = os.fdopen(open_input(path, root), "rb")
     with handle:
         yield handle
+
+
+UNLISTABLE = "a folder ocrd's user may not list"
 
 
 def regular_files(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -106,7 +162,11 @@ def regular_files(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     met with what it is: links are neither followed nor taken. Blocking."""
     files: list[Path] = []
     others: list[tuple[Path, str]] = []
-    for root, folders, names in os.walk(folder):  # os.walk never enters linked folders
+
+    def unlistable(error: OSError) -> None:
+        others.append((Path(error.filename or folder), UNLISTABLE))
+
+    for root, folders, names in os.walk(folder, onerror=unlistable):  # no linked folders
         base = Path(root)
         for name in list(folders):
             if os.path.islink(base / name):

@@ -82,6 +82,16 @@ def unfinished(result: DocumentResult) -> DocumentFailed:
     )
 
 
+def job_kept_changing(times: int) -> DocumentFailed:
+    return DocumentFailed(
+        Stage.detect,
+        f"the scan job changed {times} times while it was converted (a scanner still writing "
+        "into its folder after it was quiet for settle_seconds); drop it in again once the "
+        "scanner is done, or raise the inbox's settle_seconds",
+        error_type="JobChanged",
+    )
+
+
 def still_growing(max_wait_seconds: float) -> DocumentFailed:
     return DocumentFailed(
         Stage.detect,

@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,14 +121,14 @@ def _renameat2() -> Any:
     return function
 
 
-def _rename_noreplace(source: Path, target: Path) -> bool:
+def _rename_noreplace(source: Path, target: Path, target_dir: int = AT_FDCWD) -> bool:
     """Rename without ever replacing (renameat2 RENAME_NOREPLACE); False where the
     filesystem or the C library cannot (NFS, some FUSE mounts), so the caller falls back."""
     function = _renameat2()
     if function is None:
         return False
     flags = RENAME_NOREPLACE
-    result = function(AT_FDCWD, os.fsencode(source), AT_FDCWD, os.fsencode(target), flags)
+    result = function(AT_FDCWD, os.fsencode(source), target_dir, os.fsencode(target), flags)
     if result == 0:
         return True
     code = ctypes.get_errno()
@@ -136,25 +137,34 @@ def _rename_noreplace(source: Path, target: Path) -> bool:
     raise OSError(code, os.strerror(code), str(source), None, str(target))
 
 
-def rename_new(source: Path, target: Path) -> None:
-    """Give `source` the name `target` only if `target` does not exist (never overwrites).
+def rename_new(source: Path, target: Path, target_dir: int | None = None) -> None:
+    """Give `source` the name `target` (in the folder descriptor `target_dir`, if given)
+    only if `target` does not exist (never overwrites).
 
     An atomic rename that refuses to replace where the filesystem has one; otherwise a hard
     link and an unlink (atomic on NFS too); where links are refused as well (SMB and FAT
     mounts; another user's file under fs.protected_hardlinks on a filesystem without
     renameat2), check, then rename."""
-    if _rename_noreplace(source, target):
+    if _rename_noreplace(source, target, AT_FDCWD if target_dir is None else target_dir):
         return
     try:
-        os.link(source, target)
+        os.link(source, target, dst_dir_fd=target_dir, follow_symlinks=False)
     except OSError as error:
         if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
             raise
-        if target.exists():
+        if os.path.lexists(target) if target_dir is None else _exists_in(target_dir, target):
             raise FileExistsError(errno.EEXIST, "file exists", str(target)) from None
-        os.rename(source, target)
+        os.rename(source, target, dst_dir_fd=target_dir)
         return
     os.unlink(source)
+
+
+def _exists_in(folder: int, name: Path) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _durable_temporary(folder: Path, data: bytes) -> Path:
@@ -263,11 +273,15 @@ def _copy_folder_across(source: Path, target: Path) -> None:
     durable, renamed into place, and only then removed at the source."""
     temporary = temporary_path(target.parent)
     try:
-        shutil.copytree(source, temporary)
+        # Links arrive as the links they are, never as what they point to; FIFOs, sockets
+        # and devices (left out of the document) are not data and stay behind.
+        shutil.copytree(source, temporary, symlinks=True, ignore=_not_data)
         for root, _, files in os.walk(temporary):
             for name in files:
-                with open(os.path.join(root, name), "rb") as handle:
-                    os.fsync(handle.fileno())
+                path = os.path.join(root, name)
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    with open(path, "rb") as handle:
+                        os.fsync(handle.fileno())
             fsync_dir(Path(root))
         if target.exists():
             raise FileExistsError(errno.EEXIST, "file exists", str(target))
@@ -277,6 +291,15 @@ def _copy_folder_across(source: Path, target: Path) -> None:
     fsync_dir(target.parent)
     shutil.rmtree(source)
     fsync_dir(source.parent)
+
+
+def _not_data(folder: str, names: list[str]) -> set[str]:
+    """The entries of `folder` that are neither files, folders nor links."""
+    kept = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK)
+    return {
+        name for name in names
+        if not any(kind(os.lstat(os.path.join(folder, name)).st_mode) for kind in kept)
+    }  # fmt: skip
 
 
 def move_new(source: Path, target: Path) -> None:

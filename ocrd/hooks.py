@@ -19,7 +19,7 @@ import json
 import os
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from ocrd.log import get_logger
 
 OUTPUT_LIMIT = 4000  # bytes of a command's output kept for the log (its tail)
 READ_CHUNK = 65536
+HOOKS_AT_ONCE = 8
 SUMMARY_IN_ENVIRONMENT = 32768  # bytes; a larger summary is only in OCRD_SUMMARY_FILE
 WEBHOOK_BACKOFF = Backoff(first=1.0, cap=60.0)
 STOP_GRACE_SECONDS = 5.0
@@ -134,11 +135,10 @@ class Hooks:
     def __init__(self, count: Counter | None = None) -> None:
         self._count = count or (lambda *_: None)
         self._tasks: set[asyncio.Task[None]] = set()
+        # A flood of documents settling at once waits its turn: each hook holds a process,
+        # pipes and a file, and the daemon's open files are shared with everything else.
+        self._turns = asyncio.Semaphore(HOOKS_AT_ONCE)
         self._client: httpx.AsyncClient | None = None
-
-    @property
-    def running(self) -> int:
-        return len(self._tasks)
 
     def document_finished(self, inbox: InboxConfig, summary: DocumentSummary) -> None:
         hook = inbox.hooks.on_done if summary.outcome is Outcome.done else inbox.hooks.on_failed
@@ -150,15 +150,27 @@ class Hooks:
         if hook.webhook is not None:
             self._start(self._post(hook.webhook, event, summary))
 
-    def _start(self, work: Any) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._in_turn(work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _in_turn(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            async with self._turns:
+                await work
+        finally:
+            work.close()  # one cancelled (ocrd stopping) before its turn never started
 
     async def _run_command(self, hook: HookConfig, event: str, summary: DocumentSummary) -> None:
         assert hook.command is not None
         log = get_logger(doc=summary.doc, path=summary.path, hook=event, kind="command")
-        summary_file = await asyncio.to_thread(_write_summary, summary)
+        try:
+            summary_file = await asyncio.to_thread(_write_summary, summary)
+        except OSError as error:
+            log.error("hook.failed", command=list(hook.command), error=printable(str(error)))
+            self._count(event, "command", "error")
+            return
         try:
             await self._command(hook, event, summary, summary_file, log)
         finally:

@@ -49,6 +49,8 @@ class Inbox:
     watcher: InboxWatcher
     collator: Collator | None = None  # with `collate: true`: a fronts file waiting
     blocked: dict[Path, Blocked] = field(default_factory=dict)
+    # Claim folders kept for an operator: what arrived in them is not what was checked.
+    quarantined: dict[Path, str] = field(default_factory=dict)
 
     def shown(self, path: Path) -> str:
         """`path` relative to the inbox, printable whatever its bytes."""
@@ -96,17 +98,24 @@ class Intake:
         jobs (oldest first) where `recover`."""
         work = WorkArea(config.path, config.work)
         tracker = QuietTracker(config)
+
+        def unlisted(folder: Path) -> None:
+            self.block(inbox, folder, unlistable())
+
         inbox = Inbox(
             config=config,
             route=Route.of(config, self.engine),
             work=work,
             tracker=tracker,
-            watcher=InboxWatcher(config, asyncio.get_running_loop(), tracker.observe),
+            watcher=InboxWatcher(config, asyncio.get_running_loop(), tracker.observe, unlisted),
             collator=Collator(config.collate_window_seconds) if config.collate else None,
         )
         jobs = []
         if recover:
             for claim in await asyncio.to_thread(_swept_and_recovered, config, work):
+                if claim.state.quarantine:
+                    self.quarantine(inbox, claim.folder, claim.state.quarantine)
+                    continue
                 self.log.info(
                     "document.recovered",
                     doc=claim.id,
@@ -205,9 +214,9 @@ class Intake:
         for inbox in self.inboxes:
             await inbox.watcher.rescan()
             if inbox.blocked:
-                gone = await asyncio.to_thread(_gone, list(inbox.blocked))
-                for path in gone:
-                    inbox.blocked.pop(path, None)
+                cleared = await asyncio.to_thread(_cleared, list(inbox.blocked))
+                for path in cleared:
+                    self.taken(inbox, path)
 
     # --- files ocrd may not take ---------------------------------------------------------
 
@@ -223,6 +232,17 @@ class Intake:
             reason=refusal.reason,
             fix=refusal.fix,
             action="left in the inbox and listed on the status page; tried again at every rescan",
+        )
+
+    def quarantine(self, inbox: Inbox, folder: Path, reason: str) -> None:
+        """List a claim folder that is kept for an operator, never processed."""
+        inbox.quarantined[folder] = reason
+        self.log.error(
+            "claim.quarantined",
+            folder=printable(str(folder)),
+            reason=reason,
+            action="kept in the work area and never processed; look at it, then move or "
+            "remove it by hand",
         )
 
     def taken(self, inbox: Inbox, path: Path) -> None:
@@ -271,7 +291,11 @@ class Intake:
         return problems
 
     def attention(self) -> list[str]:
-        lines = []
+        lines = [
+            f"quarantined claim {printable(str(folder))}: {reason}; move or remove it by hand"
+            for inbox in self.inboxes
+            for folder, reason in inbox.quarantined.items()
+        ]
         for inbox in self.inboxes:
             if inbox.blocked:
                 count = len(inbox.blocked)
@@ -290,5 +314,19 @@ def _swept_and_recovered(config: InboxConfig, work: WorkArea) -> list[Claim]:
     return work.recover()
 
 
-def _gone(paths: list[Path]) -> list[Path]:
-    return [path for path in paths if not os.path.lexists(path)]
+def unlistable() -> NotClaimable:
+    return NotClaimable(
+        "ocrd's user may not list this folder, so the files in it cannot even be seen",
+        "let ocrd's group read it (chgrp ocrd; chmod g+rx) or set the inbox up as the "
+        "README's 'A shared inbox' says",
+    )
+
+
+def _cleared(paths: list[Path]) -> list[Path]:
+    """Blocked entries that are gone (their owner moved or deleted them), and folders that
+    may be listed now (their files are found by the rescan). Blocking."""
+    return [
+        path
+        for path in paths
+        if not os.path.lexists(path) or (path.is_dir() and os.access(path, os.R_OK | os.X_OK))
+    ]

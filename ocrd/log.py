@@ -38,6 +38,9 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
     logging.getLogger("RapidOCR").setLevel(logging.WARNING)
     # watchdog warns when its thread is stopped while events are queued: every stop does that.
     logging.getLogger("watchdog").setLevel(logging.ERROR)
+    # A malformed request is the client's mistake, answered 400; a traceback a request would
+    # let anyone flood the journal (whose rate limit then drops ocrd's own events).
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 
 
 def get_logger(**context: object) -> FilteringBoundLogger:

@@ -144,7 +144,7 @@ class Pipeline:
             log.warning("document.files_skipped", files=skipped, action="left out of the document")
         if not files:
             raise failures.no_pages_in_folder()
-        inputs = [SourceFile(path, fmt, settings.render) for path, fmt in files]
+        inputs = [SourceFile(path, fmt, settings.render, sources.root) for path, fmt in files]
         try:
             pages, refs = await self._pages(
                 inputs, sources.kind, settings, scratch, log, journal, progress, arrival
@@ -396,8 +396,9 @@ async def searchable_pdfs(
         target = scratch / f"part{index + 1}.pdf"
         target.unlink(missing_ok=True)  # left by an attempt that was killed
         request = WriteSearchablePdf(
-            files, order, tuple(part.pages), target, settings.pdf_archive, settings.passwords
-        )
+            files, order, tuple(part.pages), target, settings.pdf_archive, settings.passwords,
+            inputs[0].root,
+        )  # fmt: skip
         seconds = renderers.limits.page_timeout_seconds + len(order) * (
             PDF_ARCHIVE_SECONDS_PER_PAGE if settings.pdf_archive else PDF_SECONDS_PER_PAGE
         )

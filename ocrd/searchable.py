@@ -41,7 +41,7 @@ from PIL import Image
 
 from ocrd import __version__
 from ocrd.domain import InputFormat, PageResult
-from ocrd.dropped import open_regular
+from ocrd.dropped import open_input
 from ocrd.files import temporary_path
 from ocrd.textlayer import PlacedLine, page_lines
 
@@ -387,7 +387,9 @@ def _shown(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _held(files: Sequence[tuple[Path, InputFormat]]) -> Iterator[list[tuple[Path, InputFormat]]]:
+def _held(
+    files: Sequence[tuple[Path, InputFormat]], root: Path | None
+) -> Iterator[list[tuple[Path, InputFormat]]]:
     """The input files opened once, never through a link and only if regular
     (`ocrd/dropped.py`), and named by their descriptors from then on."""
     descriptors: list[int] = []
@@ -396,7 +398,7 @@ def _held(files: Sequence[tuple[Path, InputFormat]]) -> Iterator[list[tuple[Path
         held = []
         for path, fmt in files:
             try:
-                fd = open_regular(path)
+                fd = open_input(path, root)
             except OSError as error:
                 raise SearchablePdfError(
                     f"{path.name}: cannot be read ({error.strerror})"
@@ -596,6 +598,7 @@ def write_searchable_pdf(
     archive: bool = False,
     passwords: Sequence[str] = (),
     archive_timeout_seconds: float = 600.0,
+    root: Path | None = None,
 ) -> SearchablePdfResult:
     """Write the document's searchable PDF to `target` (a new temporary file the caller
     links into place; fsynced here, removed again on failure). Blocking; run it in a render
@@ -611,7 +614,7 @@ def write_searchable_pdf(
             f"{len(page_order)} pages in the document, but {len(pages)} recognised"
         )
     layers = [page_lines(page) for page in pages]
-    with _held(files) as held:
+    with _held(files, root) as held:
         return _write(held, page_order, layers, len(pages), target, archive, passwords,
                       archive_timeout_seconds)  # fmt: skip
 

@@ -30,7 +30,7 @@ from ocrd.files import (
     numbered,
     write_new_file,
 )
-from ocrd.storage import safe_part, safe_relative
+from ocrd.storage import OwnerRefused, safe_part, safe_relative
 from ocrd.write import (
     discard_outputs,
     markdown_path,
@@ -93,6 +93,16 @@ def _move_original(source: Path, target: Path) -> None:
         move_new(source, target)
     except FileExistsError:  # someone else's file took the name after it was planned
         move_new(source, free_name(target, ERROR_SUFFIX))
+    except PermissionError as error:
+        if source.is_dir() and not os.access(source, os.W_OK):  # its owner's doing
+            raise OwnerRefused(
+                error.errno,
+                "its owner made the folder read-only after ocrd took it, and a folder can "
+                "only be moved by a user who may write it; let ocrd's group write it "
+                "(chmod -R g+w) and ocrd finishes it at its next start",
+                str(source),
+            ) from None
+        raise
 
 
 class Settler:

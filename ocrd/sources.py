@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES
 from ocrd.domain import InputFormat
-from ocrd.dropped import printable, regular_files
-from ocrd.render import RenderError, SourceFile, detect_format
+from ocrd.dropped import UNLISTABLE, printable, regular_files
+from ocrd.render import RenderError, RenderFailure, SourceFile, detect_format
 
 
 def natural_key(text: str) -> list[object]:
@@ -32,18 +32,21 @@ def _ignored(name: str) -> bool:
     return name.startswith((".", "~$")) or name.lower().endswith(DEFAULT_TEMPORARY_SUFFIXES)
 
 
-def folder_files(folder: Path) -> tuple[list[Path], list[str]]:
-    """The regular files of a job folder, in natural order of their paths within it, and
-    its other entries described (links, FIFOs: left alone). Blocking."""
+def folder_files(folder: Path) -> tuple[list[Path], list[str], list[str]]:
+    """The regular files of a job folder, in natural order of their paths within it; its
+    other entries described (links, FIFOs: left alone); and its subfolders ocrd's user may
+    not list. Blocking."""
     files, others = regular_files(folder)
     found = [path for path in files if not _ignored(path.name)]
     found.sort(key=lambda path: natural_key(path.relative_to(folder).as_posix()))
     skipped = [
         f"{printable(str(path.relative_to(folder)))}: {kind}, never followed or opened"
         for path, kind in others
-        if not _ignored(path.name)
+        if not _ignored(path.name) and kind != UNLISTABLE
     ]
-    return found, skipped
+    unlistable = [printable(str(path.relative_to(folder))) for path, kind in others
+                  if kind == UNLISTABLE]  # fmt: skip
+    return found, skipped, unlistable
 
 
 class SourceKind(StrEnum):
@@ -59,17 +62,44 @@ class Sources:
     files: tuple[Path, ...]
     kind: SourceKind = SourceKind.file
     skipped: tuple[str, ...] = ()  # a job folder's entries that are no files, described
+    root: Path | None = None  # no link is followed below this folder (a claim's)
+    unlistable: tuple[str, ...] = ()  # a job folder's subfolders ocrd's user may not list
+    folder: Path | None = None  # a scan job's folder
 
     @classmethod
-    def of(cls, original: Path, companions: tuple[Path, ...] = ()) -> Sources:
+    def of(
+        cls, original: Path, companions: tuple[Path, ...] = (), root: Path | None = None
+    ) -> Sources:
         """A claimed original: a file, or a job folder; with a backs file, a duplex pair.
         Blocking (a folder is listed)."""
         if original.is_dir() and not original.is_symlink():
-            files, skipped = folder_files(original)
-            return cls(tuple(files), SourceKind.folder, tuple(skipped))
+            files, skipped, unlistable = folder_files(original)
+            return cls(
+                tuple(files), SourceKind.folder, tuple(skipped), root, tuple(unlistable),
+                original,
+            )  # fmt: skip
         if companions:
-            return cls((original, *companions), SourceKind.duplex)
-        return cls((original,))
+            return cls((original, *companions), SourceKind.duplex, root=root)
+        return cls((original,), root=root)
+
+    def again(self) -> Sources:
+        """A scan job listed anew (what a scanner still writing there added); blocking."""
+        if self.folder is None:
+            return self
+        return Sources.of(self.folder, root=self.root)
+
+
+def job_snapshot(sources: Sources) -> tuple[tuple[str, int, int], ...]:
+    """What a scan job holds now: each file's path, size and mtime (a scanner that goes on
+    writing into the folder it works in changes this). Blocking."""
+    found = []
+    for path in sources.files:
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        found.append((str(path), info.st_size, info.st_mtime_ns))
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -97,10 +127,17 @@ def page_order(counts: list[int], duplex: bool) -> list[tuple[int, int]]:
 def page_files(sources: Sources) -> tuple[list[tuple[Path, InputFormat]], list[str]]:
     """Each file that holds pages, with its format, and the names of a job folder's files
     that hold none (for a single file or a duplex pair that is an error). Blocking."""
+    if sources.unlistable:  # its pages there cannot be seen: never settle the job without them
+        raise RenderError(
+            f"ocrd's user may not list {', '.join(sources.unlistable)} in this scan job, so "
+            "the pages in it cannot be seen; let ocrd's group read it (chmod -R g+rX), then "
+            "drop the job into the inbox again",
+            code=RenderFailure.unreadable,
+        )
     readable, skipped = [], list(sources.skipped)
     for path in sources.files:
         try:
-            readable.append((path, detect_format(path)))
+            readable.append((path, detect_format(path, sources.root)))
         except RenderError as error:
             if sources.kind is not SourceKind.folder:
                 raise

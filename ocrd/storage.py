@@ -22,18 +22,30 @@ class Fault(Enum):
     transient = "transient"  # retry with backoff until it clears
     name_refused = "name_refused"  # the target refuses this name: try a safe one
     file_refused = "file_refused"  # the target refuses this file whatever its name
+    owner_refused = "owner_refused"  # its owner keeps ocrd from moving the original
 
 
-NAME_REFUSED = frozenset({errno.EINVAL, errno.ENAMETOOLONG, errno.EILSEQ})
+class OwnerRefused(PermissionError):
+    """A person's original cannot be moved because its owner took ocrd's permission away
+    after it was claimed (a job folder made read-only): that one document's problem."""
+
+
+# A name the target cannot have: refused characters, too long, not in its encoding, or
+# one that a folder (or a file) of another document already has on the way.
+NAME_REFUSED = frozenset(
+    {errno.EINVAL, errno.ENAMETOOLONG, errno.EILSEQ, errno.EEXIST, errno.ENOTDIR, errno.EISDIR}
+)
 FILE_REFUSED = frozenset({errno.EFBIG})
 
 
 def classify(error: OSError) -> Fault:
     """Errors not known to be permanent for one file count as transient: retrying keeps the
     original safe, and the fault shows in the log and the systemd status meanwhile."""
+    if isinstance(error, OwnerRefused):
+        return Fault.owner_refused
     if error.errno in NAME_REFUSED:
         return Fault.name_refused
-    if error.errno in FILE_REFUSED:
+    if error.errno in FILE_REFUSED or error.errno is None:  # a copy that met what it cannot
         return Fault.file_refused
     return Fault.transient
 

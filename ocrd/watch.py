@@ -34,7 +34,7 @@ from pathlib import Path, PurePath
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
-from watchdog.observers.polling import PollingObserver
+from watchdog.observers.polling import PollingObserverVFS
 
 from ocrd.backoff import Backoff
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, InboxConfig
@@ -316,12 +316,19 @@ class InboxWatcher:
         inbox: InboxConfig,
         loop: asyncio.AbstractEventLoop,
         on_candidate: Callable[[Path], None],
+        on_unlistable: Callable[[Path], None] = lambda _: None,
     ) -> None:
+        """`on_candidate(path)` for every path that may be a document; `on_unlistable(folder)`
+        for a folder ocrd's user may not list (its files cannot be seen at all)."""
         self.inbox = inbox
         self._loop = loop
         self._on_candidate = on_candidate
+        self._on_unlistable = on_unlistable
         self._observer: BaseObserver | None = None
-        self._walks: set[asyncio.Future[None]] = set()
+        # Folders moved in are walked for their files by one task at a time, however many
+        # folder events came (a tree moved in raises one per folder it holds).
+        self._walker: asyncio.Task[None] | None = None
+        self._walk_again = False
         self.missing = False
         self.log = get_logger(inbox=str(inbox.path))
 
@@ -330,12 +337,16 @@ class InboxWatcher:
         return self._observer is not None and self._observer.is_alive() and not self.missing
 
     async def start(self) -> None:
-        self._start_observer()
+        await asyncio.to_thread(self._start_observer)
         await self.rescan()
 
     def _start_observer(self) -> None:
+        """Blocking (watchdog lists the whole tree first): run it in a thread. Polling
+        looks at entries with lstat, so a link to a folder (even to `/`) is never walked."""
         observer = (
-            PollingObserver(timeout=self.inbox.poll_interval_seconds)
+            PollingObserverVFS(
+                os.lstat, os.scandir, polling_interval=self.inbox.poll_interval_seconds
+            )
             if self.inbox.polling
             else Observer()
         )
@@ -359,11 +370,11 @@ class InboxWatcher:
             return
         if self.missing:
             self.missing = False
-            self._restart_observer()  # the old watch died with the old folder
+            await asyncio.to_thread(self._restart_observer)  # it died with the old folder
             self.log.info("inbox.restored")
         elif self._observer is None or not self._observer.is_alive():
             self.log.error("inbox.watch_restarted", reason="the watching thread had stopped")
-            self._restart_observer()
+            await asyncio.to_thread(self._restart_observer)
         await self._walk(self.inbox.path)
 
     def _restart_observer(self) -> None:
@@ -373,9 +384,22 @@ class InboxWatcher:
     async def _walk(self, root: Path) -> None:
         paths, errors = await asyncio.to_thread(scan, self.inbox, root)
         for error in errors:
-            self.log.warning("inbox.scan_error", error=str(error))
+            if isinstance(error, PermissionError) and error.filename:
+                self._on_unlistable(Path(error.filename))
+            else:
+                self.log.warning("inbox.scan_error", error=printable(str(error)))
         for path in paths:
             self._on_candidate(path)
+
+    def _walk_soon(self) -> None:
+        self._walk_again = True
+        if self._walker is None or self._walker.done():
+            self._walker = asyncio.ensure_future(self._walk_while_asked())
+
+    async def _walk_while_asked(self) -> None:
+        while self._walk_again:
+            self._walk_again = False
+            await self._walk(self.inbox.path)
 
     def _from_thread(self, path: Path, is_directory: bool) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed while the daemon stopped
@@ -397,9 +421,7 @@ class InboxWatcher:
                 and not any(p.startswith(".") for p in relative.parts)
                 and self.inbox.recursive
             ):
-                walk = asyncio.ensure_future(self._walk(path))
-                self._walks.add(walk)
-                walk.add_done_callback(self._walks.discard)
+                self._walk_soon()
             return
         if is_candidate_name(relative, self.inbox):
             self._on_candidate(path)

@@ -41,6 +41,7 @@ from ocrd.statuspage import render
 from ocrd.supervise import Liveness
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LINGERING_SECONDS = 1.0  # after the answer, how long a body nobody reads may still come
 BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 36\r\nRetry-After: 5\r\n\r\nocrd: too many connections; retry.\r\n"
@@ -68,6 +69,7 @@ class _Guarded(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
+        self._begun = False  # a byte other than a line end arrived (a request has begun)
         self._admitted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -94,7 +96,12 @@ class _Guarded(asyncio.Protocol):
         if not self._admitted:
             return
         if self._timer is not None:
-            seen = self._tail + data
+            if not self._begun:  # empty lines may come first, and end no headers
+                data_seen = data.lstrip(b"\r\n")
+                self._begun = bool(data_seen)
+            else:
+                data_seen = data
+            seen = self._tail + data_seen
             if b"\r\n\r\n" in seen:  # the request's headers are complete
                 self._timer.cancel()
                 self._timer = None
@@ -192,8 +199,9 @@ class WebServer:
     async def start(self) -> str:
         """Listen; the address actually bound (a port of 0 picks a free one)."""
         runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0
-        )
+            self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
+            lingering_time=LINGERING_SECONDS,
+        )  # fmt: skip
         await runner.setup()
         site = _GuardedSite(runner, self.config.host, self.config.port, self.limits)
         try:
@@ -227,7 +235,7 @@ class WebServer:
             return web.json_response({"error": f"{self.config.token_env} is not set"}, status=401)
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         given = given or request.query.get("token", "")
-        if hmac.compare_digest(given.encode(), self.token.encode()):
+        if hmac.compare_digest(given.encode(errors="surrogateescape"), self.token.encode()):
             return await handler(request)
         return web.json_response(
             {"error": "a bearer token is required (Authorization: Bearer <token>)"}, status=401
@@ -267,8 +275,13 @@ class WebServer:
 
 @web.middleware
 async def _one_request_per_connection(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Each connection carries one request, so the header time limit covers all of it."""
-    response = await handler(request)
+    """Each connection carries one request, so the header time limit covers all of it; also
+    one answered with an error (404, 405), which aiohttp raises."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as error:
+        error.force_close()
+        raise
     response.force_close()
     return response
 

@@ -189,7 +189,7 @@ def test_a_claim_that_cannot_even_fail_is_listed_and_nothing_raises(tmp_path: Pa
     setup.run(claim)  # no exception reaches the daemon
     assert claim.path.exists()  # the original waits in the work area
     [reason] = setup.runner.stuck.values()
-    assert "a.pdf cannot be settled" in reason and "a bug in settling" in reason
+    assert "a.pdf: cannot be settled" in reason and "a bug in settling" in reason
 
 
 def test_a_document_interrupted_by_a_stop_stays_claimed(tmp_path: Path) -> None:

@@ -25,11 +25,11 @@ def not_a_file(error: NotRegularFile) -> RenderError:
     )
 
 
-def detect_format(path: Path) -> InputFormat:
+def detect_format(path: Path, root: Path | None = None) -> InputFormat:
     """Recognise an input by its first bytes. Only a regular file is opened (never through
-    a link, never blocking on a FIFO)."""
+    a link, also none on the way below `root`, never blocking on a FIFO)."""
     try:
-        with opened(path) as handle:
+        with opened(path, root) as handle:
             head = handle.read(1024)
     except NotRegularFile as error:
         raise not_a_file(error) from None

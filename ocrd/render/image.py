@@ -11,7 +11,7 @@ from PIL import Image
 
 from ocrd.config import RenderSettings
 from ocrd.domain import Figure
-from ocrd.dropped import NotRegularFile, open_regular
+from ocrd.dropped import NotRegularFile, open_input
 from ocrd.render.analysis import looks_blank
 from ocrd.render.detect import not_a_file
 from ocrd.render.errors import RenderError, RenderFailure
@@ -23,12 +23,14 @@ from ocrd.render.separators import SeparatorRules, detect_on_scan
 class RasterSource:
     """An image file (PNG, JPEG, TIFF with any number of pages) opened in a worker."""
 
-    def __init__(self, path: Path, settings: RenderSettings, limits: RenderLimits) -> None:
+    def __init__(
+        self, path: Path, settings: RenderSettings, limits: RenderLimits, root: Path | None = None
+    ) -> None:
         Image.MAX_IMAGE_PIXELS = limits.max_page_pixels
         self.settings = settings
         self.limits = limits
         try:
-            self.image = Image.open(os.fdopen(open_regular(path), "rb"))
+            self.image = Image.open(os.fdopen(open_input(path, root), "rb"))
         except NotRegularFile as error:
             raise not_a_file(error) from None
         except Image.DecompressionBombError:

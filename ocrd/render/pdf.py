@@ -17,7 +17,7 @@ from PIL import Image
 
 from ocrd.config import RenderSettings
 from ocrd.domain import Figure, TextLayer
-from ocrd.dropped import NotRegularFile, open_regular
+from ocrd.dropped import NotRegularFile, open_input
 from ocrd.grounding import Block, Box
 from ocrd.render.analysis import judge_text_layer, looks_blank
 from ocrd.render.detect import not_a_file
@@ -32,13 +32,15 @@ EMBEDDED_COVER = 0.9  # an embedded image covering this much of a figure's box s
 class PdfSource:
     """A PDF opened in a worker: its pages rendered, its text layer read, figures cut."""
 
-    def __init__(self, path: Path, settings: RenderSettings, limits: RenderLimits) -> None:
+    def __init__(
+        self, path: Path, settings: RenderSettings, limits: RenderLimits, root: Path | None = None
+    ) -> None:
         import pymupdf
 
         self.settings = settings
         self.limits = limits
         try:
-            fd = open_regular(path)
+            fd = open_input(path, root)
         except NotRegularFile as error:
             raise not_a_file(error) from None
         try:  # MuPDF opens the file the descriptor holds: what was checked is what is read

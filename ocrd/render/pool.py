@@ -64,10 +64,12 @@ class SourceFile:
     path: Path
     format: InputFormat
     settings: RenderSettings
+    root: Path | None = None  # no link is followed below this folder (a claim's)
 
     @property
     def key(self) -> SourceKey:
-        return SourceKey(str(self.path), self.format, self.settings)
+        root = str(self.root) if self.root is not None else None
+        return SourceKey(str(self.path), self.format, self.settings, root)
 
 
 def _shared_folder() -> str:

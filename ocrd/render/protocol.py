@@ -45,6 +45,7 @@ class SourceKey:
     path: str
     format: InputFormat
     settings: RenderSettings
+    root: str | None = None  # no link is followed below this folder (a claim's)
 
 
 # --- requests -----------------------------------------------------------------------------
@@ -94,6 +95,7 @@ class WriteSearchablePdf:
     target: Path
     archive: bool
     passwords: tuple[str, ...]
+    root: Path | None = None  # no link is followed below this folder (a claim's)
 
 
 Request = Ping | Open | RenderPage | ReadTextLayer | CutFigures | WriteSearchablePdf

@@ -58,7 +58,8 @@ class _Worker:
             self.sources.move_to_end(key)
             return self.sources[key]
         kind = PdfSource if key.format is InputFormat.pdf else RasterSource
-        self.sources[key] = kind(Path(key.path), key.settings, self.limits)
+        root = Path(key.root) if key.root is not None else None
+        self.sources[key] = kind(Path(key.path), key.settings, self.limits, root)
         while len(self.sources) > OPEN_SOURCES_PER_WORKER:
             self.sources.popitem(last=False)
         return self.sources[key]
@@ -89,7 +90,7 @@ class _Worker:
         try:
             return write_searchable_pdf(
                 request.files, request.order, request.pages, request.target,
-                archive=request.archive, passwords=request.passwords,
+                archive=request.archive, passwords=request.passwords, root=request.root,
             )  # fmt: skip
         except SearchablePdfError as error:
             findings = "; ".join(error.findings[:MAX_FINDINGS_SHOWN])
