@@ -16,7 +16,7 @@ def _json(schema: str) -> dict[str, Any]:
     return {"application/json": {"schema": {"$ref": REF.format(model=schema)}}}
 
 
-def _answer(description: str, schema: str = "Error") -> dict[str, Any]:
+def _answer(description: str, schema: str = "ErrorBody") -> dict[str, Any]:
     return {"description": description, "content": _json(schema)}
 
 
@@ -43,7 +43,7 @@ WAIT = {
     "schema": {"type": "number", "minimum": 0, "maximum": 300, "default": 0},
 }
 NOT_FOUND = _answer("no such document (or no such output)")
-NOT_DONE = _answer("the document is not done (yet): the body says its state", "Error")
+NOT_DONE = _answer("the document is not done (yet): the body says its state")
 
 
 def _upload(max_upload_mb: float) -> dict[str, Any]:

@@ -362,8 +362,19 @@ def _upload_of(relative: str) -> str | None:
     return None
 
 
-def _converting(inbox: InboxConfig, upload_id: str) -> tuple[str, str, str | None] | None:
-    """The claim holding an upload: its id, the upload's name, when it was claimed."""
+@dataclass(frozen=True)
+class _Claimed:
+    """The claim holding an upload, as its folder and `.claim.json` tell."""
+
+    id: str
+    name: str  # the upload's
+    uploaded: float  # its mtime
+    claimed_at: str | None
+    markdown: str | None  # where its settlement planned them, once planned
+    error_report: str | None
+
+
+def _claimed(inbox: InboxConfig, upload_id: str) -> _Claimed | None:
     try:
         claims = os.listdir(inbox.work)
     except OSError:
@@ -373,11 +384,25 @@ def _converting(inbox: InboxConfig, upload_id: str) -> tuple[str, str, str | Non
         files = _visible_files(folder, (UPLOADS_FOLDER, upload_id))
         if not files:
             continue
-        claimed_at = None
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            claimed_at = json.loads((folder / STATE_FILE).read_bytes()).get("claimed_at")
-        return claim, files[0][0], claimed_at
+        state: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads((folder / STATE_FILE).read_bytes())
+        settlement = state.get("settlement") or {}
+        name, info = files[0]
+        return _Claimed(
+            claim, name, info.st_mtime, state.get("claimed_at"),
+            settlement.get("markdown"), settlement.get("error_report"),
+        )  # fmt: skip
     return None
+
+
+def _pick(names: Sequence[str], expected: Sequence[str | None]) -> str | None:
+    """The one of `names` that is expected (by the original's name, or the plan saved in
+    the claim); the only one where nothing says which."""
+    for name in expected:
+        if name is not None and name in names:
+            return name
+    return names[0] if len(names) == 1 and not any(expected) else None
 
 
 def _read_report(root: Path, parts: Sequence[str]) -> dict[str, Any]:
@@ -399,49 +424,61 @@ def find_upload(inbox: InboxConfig, upload_id: str) -> Found | None:
     a document passes them, so one moving on meanwhile is found further on. Blocking."""
     where = (UPLOADS_FOLDER, upload_id)
     waiting = _visible_files(inbox.path, where)
-    claimed = _converting(inbox, upload_id)
-    markdowns = [(n, i) for n, i in _visible_files(inbox.outbox, where) if n.endswith(".md")]
-    reports = [n for n, _ in _visible_files(inbox.failed, where) if n.endswith(ERROR_SUFFIX)]
+    claimed = _claimed(inbox, upload_id)
+    written = [name for name, _ in _visible_files(inbox.outbox, where)]
+    failed = _visible_files(inbox.failed, where)
     done = _visible_files(inbox.done, where)
 
-    def found(state: DocumentState, name: str) -> Found:
-        return Found(upload_id, str(inbox.path), state, f"{UPLOADS_FOLDER}/{upload_id}/{name}")
-
-    if markdowns:
-        markdown, info = markdowns[0]
-        outputs = Outputs(inbox.outbox, where, markdown)
-        original = done[0] if done else None
-        result = found(DocumentState.done, original[0] if original else markdown)
-        result.outputs, result.files = outputs, outputs.present()
-        result.finished_at = iso(info.st_mtime)
-        result.uploaded_at = iso(original[1].st_mtime) if original else None
+    def found(state: DocumentState, name: str, uploaded: float | None) -> Found:
+        relative = f"{UPLOADS_FOLDER}/{upload_id}/{name}"
+        result = Found(upload_id, str(inbox.path), state, relative)
+        result.uploaded_at = iso(uploaded) if uploaded is not None else None
+        result.claim = claimed.id if claimed else None
+        result.started_at = claimed.claimed_at if claimed else None
         return result
-    if reports:
-        report = _read_report(inbox.failed, (*where, reports[0]))
-        originals = [(n, i) for n, i in _visible_files(inbox.failed, where)
-                     if not n.endswith(ERROR_SUFFIX)]  # fmt: skip
-        name = originals[0][0] if originals else str(report.get("file") or reports[0])
-        result = found(DocumentState.failed, name)
-        result.uploaded_at = iso(originals[0][1].st_mtime) if originals else None
-        result.started_at = report.get("claimed_at")
-        result.finished_at = report.get("failed_at")
-        result.stage, result.page = report.get("stage"), report.get("page")
-        result.reason = report.get("message")
-        result.error_report = str(inbox.failed.joinpath(*where, reports[0]))
+
+    planned = claimed.markdown if claimed and claimed.markdown else None
+    markdown = _pick(
+        [name for name in written if name.endswith(".md")],
+        [f"{PurePath(done[0][0]).stem}.md" if done else None,
+         PurePath(planned).name if planned else None],
+    )  # fmt: skip
+    originals = [(n, i) for n, i in failed if not n.endswith(ERROR_SUFFIX)]
+    planned = claimed.error_report if claimed and claimed.error_report else None
+    report = _pick(
+        [name for name, _ in failed if name.endswith(ERROR_SUFFIX)],
+        [f"{PurePath(originals[0][0]).stem}{ERROR_SUFFIX}" if originals else None,
+         PurePath(planned).name if planned else None],
+    )  # fmt: skip
+    if markdown is not None:
+        original = done[0] if done else None
+        uploaded = original[1].st_mtime if original else claimed.uploaded if claimed else None
+        result = found(DocumentState.done, original[0] if original else markdown, uploaded)
+        result.outputs = Outputs(inbox.outbox, where, markdown)
+        result.files = result.outputs.present()
+        with contextlib.suppress(OSError):
+            with _folder(inbox.outbox, where) as folder:
+                info = os.stat(markdown, dir_fd=folder, follow_symlinks=False)
+            result.finished_at = iso(info.st_mtime)
+        return result
+    if report is not None:
+        facts = _read_report(inbox.failed, (*where, report))
+        name = originals[0][0] if originals else claimed.name if claimed else report
+        uploaded = originals[0][1].st_mtime if originals else None
+        result = found(DocumentState.failed, name, uploaded)
+        result.started_at = facts.get("claimed_at") or result.started_at
+        result.finished_at = facts.get("failed_at")
+        result.stage, result.page = facts.get("stage"), facts.get("page")
+        result.reason = facts.get("message")
+        result.error_report = str(inbox.failed.joinpath(*where, report))
         return result
     if claimed is not None:
-        claim, name, claimed_at = claimed
-        result = found(DocumentState.converting, name)
-        result.claim, result.started_at = claim, claimed_at
-        with contextlib.suppress(OSError):
-            mtime = os.lstat(inbox.work / claim / UPLOADS_FOLDER / upload_id / name).st_mtime
-            result.uploaded_at = iso(mtime)
-        return result
+        return found(DocumentState.converting, claimed.name, claimed.uploaded)
+    if done:  # settled, its Markdown taken out of the outbox since (a hook, a person)
+        return found(DocumentState.done, done[0][0], done[0][1].st_mtime)
     if waiting:
         name, info = waiting[0]
-        result = found(DocumentState.waiting, name)
-        result.uploaded_at = iso(info.st_mtime)
-        return result
+        return found(DocumentState.waiting, name, info.st_mtime)
     return None
 
 
