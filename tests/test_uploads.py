@@ -455,6 +455,28 @@ def test_outputs_are_served_only_from_the_documents_own_files_never_through_a_li
     assert daemon.stop() == 0
 
 
+def test_an_upload_that_fails_says_why_and_has_no_markdown(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    daemon, url = uploading_daemon(tmp_path, start_daemon)
+    broken = tmp_path / "contract.pdf"
+    broken.write_bytes(b"%PDF-1.7\n1 0 obj\n<< /Type /Cat")
+    accepted = upload(url, broken).json()
+    failed = httpx.get(f"{accepted['status_url']}?wait=60", headers=AUTH, timeout=70).json()
+    assert failed["state"] == "failed" and failed["stage"] == "render"
+    assert "damaged" in failed["reason"] and failed["finished_at"]
+    assert failed["links"]["markdown"] is None and failed["links"]["files"] == {}
+    markdown = httpx.get(accepted["markdown_url"], headers=AUTH)
+    assert markdown.status_code == 409
+    assert markdown.json()["state"] == "failed" and "damaged" in markdown.json()["error"]
+    folder = f"uploads/{accepted['id']}"
+    failed_folder = tmp_path / "data" / "failed"
+    assert files_under(failed_folder) == [f"{folder}/contract.error.json", f"{folder}/contract.pdf"]
+    report = json.loads((failed_folder / folder / "contract.error.json").read_text())
+    assert report["message"] == failed["reason"]
+    assert daemon.stop() == 0
+
+
 def test_the_openapi_description_is_valid_and_names_every_route(
     tmp_path: Path, start_daemon: Any
 ) -> None:
