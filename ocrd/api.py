@@ -38,6 +38,7 @@ from ocrd import __version__, openapi
 from ocrd.config import HttpConfig
 from ocrd.dropped import printable
 from ocrd.log import get_logger
+from ocrd.storage import describe
 from ocrd.uploads import (
     DocumentState,
     Found,
@@ -203,6 +204,14 @@ class DocumentsApi:
                 action="nothing was kept",
             )
             return error(400, "the upload did not complete")
+        except OSError as failure:  # the inbox's disk is full, gone, read-only
+            self.log.error(
+                "upload.failed",
+                client=request.remote,
+                error=printable(describe(failure)),
+                action="the client is told to try again later; nothing was kept",
+            )
+            return error(503, f"ocrd could not write the upload: {printable(describe(failure))}")
         self.log.info(
             "upload.received",
             id=received.id,

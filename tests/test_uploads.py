@@ -22,6 +22,7 @@ import pytest
 import yaml
 from conftest import DaemonProcess, files_under, markdown_under, wait_until, write_config
 from helpers import make_pdf
+from mounts import tmpfs
 from test_http import base_url
 
 pytestmark = pytest.mark.slow
@@ -475,6 +476,28 @@ def test_an_upload_that_fails_says_why_and_has_no_markdown(
     report = json.loads((failed_folder / folder / "contract.error.json").read_text())
     assert report["message"] == failed["reason"]
     assert daemon.stop() == 0
+
+
+@pytest.mark.mounts
+def test_an_upload_into_a_full_disk_is_answered_503_and_leaves_nothing(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    with tmpfs(tmp_path / "data", "4m"):
+        daemon, url = uploading_daemon(tmp_path, start_daemon)
+        too_much = httpx.post(
+            f"{url}/api/documents", params={"filename": "huge.pdf"}, headers=AUTH,
+            content=os.urandom(6 * 1024 * 1024), timeout=60,
+        )  # fmt: skip
+        assert too_much.status_code == 503
+        assert "No space left on device" in too_much.json()["error"]
+        [failed] = daemon.wait_for("upload.failed")
+        assert "ENOSPC" in failed["error"]
+        assert inbox_entries(tmp_path / "data" / "inbox") == ["uploads"]
+        fits = upload(url, make_pdf(tmp_path / "small.pdf", 1))  # the space is free again
+        assert fits.status_code == 202
+        done = httpx.get(f"{fits.json()['status_url']}?wait=60", headers=AUTH, timeout=70)
+        assert done.json()["state"] == "done"
+        assert daemon.stop() == 0
 
 
 def test_the_openapi_description_is_valid_and_names_every_route(
