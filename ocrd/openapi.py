@@ -104,6 +104,7 @@ def _upload(max_upload_mb: float) -> dict[str, Any]:
             "408": _answer("the client sent nothing for a while, or took too long in all"),
             "413": _answer("larger than `http.max_upload_mb`"),
             "422": _answer("the inbox would never take a file of this name"),
+            "503": _answer("the inbox's disk refused the file (full, read-only); try later"),
         },
     }
 
