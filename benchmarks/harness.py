@@ -73,6 +73,7 @@ class DaemonRun:
         tree: Path = REPO,  # another checkout (with its own .venv) measures older code
         lag_probe: bool = False,
         log_level: str = "info",
+        http: dict[str, Any] | None = None,
     ) -> None:
         self.folder = folder
         self.inbox = folder / "data" / "inbox"
@@ -81,6 +82,7 @@ class DaemonRun:
             "inboxes": [{"path": "data/inbox", "settle_seconds": 0.2, **(inbox or {})}],
             "engine": engine,
             "pipeline": {"status_interval_seconds": 1, **(pipeline or {})},
+            **({"http": http} if http else {}),
         }
         self.config = folder / "config.yaml"
         self.config.write_text(yaml.safe_dump(config))

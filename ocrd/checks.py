@@ -56,10 +56,19 @@ def check_folders(config: Config, create: bool = True) -> list[str]:
 def check_http(config: Config) -> list[str]:
     """Problems with the HTTP settings that only show in the environment."""
     http = config.http
-    if http.enabled and not http.trust_loopback and not os.environ.get(http.token_env):
+    if not http.enabled or os.environ.get(http.token_env):
+        return []
+    if not http.trust_loopback:
         return [
             f"http.trust_loopback is false but {http.token_env} is not set: every client "
             "would be refused; set the token in the environment (an EnvironmentFile=)"
+        ]
+    uploading = [str(inbox.path) for inbox in config.inboxes if inbox.uploads]
+    if uploading:
+        return [
+            f"uploads: true (inbox {', '.join(uploading)}) but {http.token_env} is not set: "
+            "uploads always need the bearer token; set it in the environment (an "
+            "EnvironmentFile=) or switch uploads off"
         ]
     return []
 

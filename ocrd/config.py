@@ -6,6 +6,7 @@ config can live beside its data folder and be started from anywhere.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ class PromptMode(StrEnum):
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+
+UPLOADS_FOLDER = "uploads"  # under an inbox with `uploads: true`: `uploads/<id>/<name>`
 
 DEFAULT_TEMPORARY_SUFFIXES = (".part", ".filepart", ".tmp", ".crdownload", ".partial", ".download")
 
@@ -199,6 +202,30 @@ class InboxEntry(DocumentOptions):
     polling: bool = False
     poll_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
     hooks: HooksConfig = HooksConfig()
+    # Files may be handed over by HTTP (`POST /api/documents`): each lands in
+    # `uploads/<id>/` under the inbox and goes the way of a dropped file.
+    uploads: bool = False
+
+    @model_validator(mode="after")
+    def _uploads_can_arrive(self) -> InboxEntry:
+        if not self.uploads:
+            return self
+        if not self.recursive:
+            raise ValueError(
+                "uploads: true needs recursive: true (an upload lands in the subfolder "
+                f"{UPLOADS_FOLDER}/<id>/ of the inbox)"
+            )
+        if self.collate:
+            raise ValueError(
+                "uploads: true cannot be combined with collate: true (an upload would be "
+                "paired with the next file as its backs); use another inbox for uploads"
+            )
+        if any(fnmatch.fnmatch(UPLOADS_FOLDER, pattern) for pattern in self.job_folders):
+            raise ValueError(
+                f"uploads: true, but job_folders matches the folder {UPLOADS_FOLDER!r} that "
+                "uploads land in: every upload would become part of one scan job"
+            )
+        return self
 
     @model_validator(mode="after")
     def _blank_separators_without_collating(self) -> InboxEntry:
@@ -341,7 +368,7 @@ class PipelineConfig(Strict):
 
 
 class HttpConfig(Strict):
-    """The daemon's HTTP server: metrics, health, the status page."""
+    """The daemon's HTTP server: metrics, health, the status page, uploads."""
 
     enabled: bool = True
     listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}$")] = (
@@ -353,6 +380,14 @@ class HttpConfig(Strict):
     trust_loopback: bool = True
     max_connections: Annotated[int, Field(ge=1, le=10000)] = 64  # more are answered 503
     header_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0  # slower clients are dropped
+    # Uploads (`POST /api/documents`): the largest file taken, and how long its body may take
+    # in all (a client that sends nothing for header_timeout_seconds is dropped sooner).
+    max_upload_mb: Annotated[float, Field(gt=0)] = 200.0
+    upload_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)
 
     @property
     def host(self) -> str:

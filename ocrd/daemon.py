@@ -34,6 +34,7 @@ from ocrd.service import Service
 from ocrd.signals import EarlySignals
 from ocrd.status import StatusReport
 from ocrd.supervise import Supervisor
+from ocrd.uploads import Uploads
 from ocrd.web import WebServer
 
 EXIT_OK = 0
@@ -60,6 +61,7 @@ class Daemon:
         self.metrics = Metrics(lambda: self.report())
         self.hooks = Hooks(lambda *labels: self.metrics.hooks.labels(*labels).inc())
         self.report: Callable[[], StatusReport] = lambda: StatusReport.loading(__version__)
+        self.uploads = Uploads(config)  # taken from the start, while the engine loads
         self.stopping = asyncio.Event()
         self.exit_code = EXIT_OK
         self._reload_early = False  # a SIGHUP that came before serving started
@@ -77,6 +79,7 @@ class Daemon:
         try:
             async with contextlib.AsyncExitStack() as parts:
                 web = await parts.enter_async_context(self.web_server())
+                await parts.enter_async_context(self.uploads.tidying())
                 engine = await parts.enter_async_context(self.started_engine())
                 pipeline = await parts.enter_async_context(self.started_pipeline(engine))
                 parts.push_async_callback(self.hooks.stop)
@@ -100,8 +103,9 @@ class Daemon:
     @contextlib.asynccontextmanager
     async def web_server(self) -> AsyncIterator[WebServer]:
         web = WebServer(
-            self.config.http, lambda: self.report(), self.supervisor.pulse.liveness, self.metrics
-        )
+            self.config.http, lambda: self.report(), self.supervisor.pulse.liveness, self.metrics,
+            self.uploads,
+        )  # fmt: skip
         await web.serve()
         try:
             yield web
@@ -150,6 +154,7 @@ class Daemon:
             self.supervisor, self.activity, self.notifier, web, self.stopping,
         )  # fmt: skip
         runner.on_storage_fault += [self.metrics.storage_fault, service.report_status]
+        self.uploads.follow(runner)
         for config in self.config.inboxes:
             _, recovered = await intake.add(config)
             dispatcher.add(recovered)

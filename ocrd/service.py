@@ -125,6 +125,8 @@ class Service:
             _, recovered = await self.intake.add(config)
             self.dispatcher.add(recovered)
         self.config = plan.config
+        if self.web.uploads is not None:
+            self.web.uploads.configure(plan.config)
         self.apply_pipeline_settings()
         if plan.http_changed:
             await self.web.serve(plan.config.http)

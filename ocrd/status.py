@@ -47,6 +47,7 @@ class InboxStatus(BaseModel):
 
 
 class FinishedDocument(BaseModel):
+    doc: str | None = None  # its id: /api/documents/<doc> while ocrd runs
     inbox: str
     path: str
     outcome: Outcome
@@ -61,6 +62,7 @@ class FinishedDocument(BaseModel):
     @classmethod
     def of(cls, summary: DocumentSummary) -> FinishedDocument:
         return cls(
+            doc=summary.doc,
             inbox=summary.inbox,
             path=printable(summary.path),
             outcome=summary.outcome,

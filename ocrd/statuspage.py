@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from html import escape
+from urllib.parse import quote
 
 from ocrd.status import BlockedFile, DocumentProgress, FinishedDocument, InboxStatus, StatusReport
 
@@ -107,7 +108,17 @@ def _in_flight(inbox: InboxStatus) -> str:
     )
 
 
-def _finished_row(document: FinishedDocument) -> str:
+def _markdown_link(document: FinishedDocument, query: str) -> str:
+    """The Markdown's name, linked through the documents API for people who cannot reach
+    the outbox's share."""
+    name = escape(document.markdown or "")
+    if not document.doc:
+        return f'<span class="muted">{name}</span>'
+    href = f"api/documents/{quote(document.doc)}/markdown{query}"
+    return f'<a class="markdown" href="{escape(href)}">{name}</a>'
+
+
+def _finished_row(document: FinishedDocument, query: str) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(document.finished_at))
     outcome = document.outcome.value
     if document.outcome.value == "failed":
@@ -116,7 +127,7 @@ def _finished_row(document: FinishedDocument) -> str:
             f'<br><span class="muted">report: {escape(document.error_report or "")}</span>'
         )
     else:
-        detail = f'<span class="muted">{escape(document.markdown or "")}</span>'
+        detail = _markdown_link(document, query)
     return (
         f'<tr class="finished"><td>{when}</td><td>{escape(document.path)}</td>'
         f'<td class="{outcome}">{outcome}</td><td class="num">{document.pages}</td>'
@@ -124,10 +135,10 @@ def _finished_row(document: FinishedDocument) -> str:
     )
 
 
-def _finished(report: StatusReport) -> str:
+def _finished(report: StatusReport, query: str) -> str:
     if not report.finished:
         return '<p class="muted">No document finished since ocrd started.</p>'
-    rows = "".join(_finished_row(d) for d in reversed(report.finished))
+    rows = "".join(_finished_row(d, query) for d in reversed(report.finished))
     return (
         "<table><tr><th>finished</th><th>file</th><th>outcome</th><th>pages</th>"
         f"<th>seconds</th><th>Markdown, or why it failed</th></tr>{rows}</table>"
@@ -156,7 +167,10 @@ def _chart(history: list[tuple[float, float]]) -> str:
     )
 
 
-def render(report: StatusReport) -> str:
+def render(report: StatusReport, token: str = "") -> str:
+    """The page; `token`, where the browser came with one in its address, is kept on the
+    page's links."""
+    query = f"?token={quote(token)}" if token else ""
     state = "ready" if report.ready else "notready"
     problems = "".join(f"<li>{escape(p)}</li>" for p in report.problems)
     attention = "".join(f"<li>{escape(line)}</li>" for line in report.attention)
@@ -182,9 +196,10 @@ def render(report: StatusReport) -> str:
 {f'<ul class="attention">{attention}</ul>' if attention else ""}
 {inboxes}
 <h2>Throughput</h2>{_chart(report.history)}
-<h2>Finished lately</h2>{_finished(report)}
+<h2>Finished lately</h2>{_finished(report, query)}
 <p class="muted">This page refreshes itself every {REFRESH_SECONDS} s.
-Machine-readable: <a href="api/status">api/status</a>, <a href="metrics">metrics</a>,
-<a href="readyz">readyz</a>.</p>
+Machine-readable: <a href="api/status{escape(query)}">api/status</a>,
+<a href="metrics{escape(query)}">metrics</a>, <a href="readyz{escape(query)}">readyz</a>,
+<a href="api/openapi.json{escape(query)}">api/openapi.json</a>.</p>
 </body></html>
 """

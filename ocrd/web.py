@@ -1,5 +1,5 @@
 """The daemon's small HTTP server, on its event loop: the status page, the report as JSON,
-Prometheus metrics, and health.
+Prometheus metrics, health, and the documents API.
 
     GET /             the status page (HTML, refreshes itself)
     GET /api/status   the same facts as JSON (`ocrd status` reads it)
@@ -7,6 +7,7 @@ Prometheus metrics, and health.
     GET /healthz      200 while the daemon's main loop ticks, else 503
     GET /readyz       200 when ready (engine loaded, inboxes watched, no storage fault,
                       fleet reachable), else 503 with what is wrong
+    /api/documents... uploads and their results (`ocrd/api.py`)
 
 Every answer is built from memory in well under a millisecond and written by aiohttp
 without blocking, so a slow client holds only its own connection. Clients other than
@@ -24,7 +25,6 @@ serves one request.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import os
 from collections.abc import Awaitable, Callable
@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from aiohttp.web_runner import BaseSite
 
+from ocrd.api import DocumentsApi, token_matches
 from ocrd.config import HttpConfig
 from ocrd.log import get_logger
 from ocrd.metrics import CONTENT_TYPE, Metrics
 from ocrd.status import StatusReport
 from ocrd.statuspage import render
 from ocrd.supervise import Liveness
+from ocrd.uploads import Uploads
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LINGERING_SECONDS = 1.0  # after the answer, how long a body nobody reads may still come
@@ -155,11 +157,13 @@ class WebServer:
         report: Callable[[], StatusReport],
         liveness: Callable[[], Liveness],
         metrics: Metrics,
+        uploads: Uploads | None = None,
     ) -> None:
         self.config = config
         self.report = report
         self.liveness = liveness
         self.metrics = metrics
+        self.uploads = uploads  # the documents API, where the daemon has one
         self.address: str | None = None
         self.problem: str | None = None  # why it is not serving, for the status line
         self.token = os.environ.get(config.token_env) or None
@@ -194,6 +198,8 @@ class WebServer:
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        if self.uploads is not None:
+            DocumentsApi(self.uploads, self.config, self.token).add_routes(app.router)
         return app
 
     async def start(self) -> str:
@@ -233,16 +239,16 @@ class WebServer:
             return await handler(request)
         if self.token is None:  # refused at start; never serve without the token asked for
             return web.json_response({"error": f"{self.config.token_env} is not set"}, status=401)
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        given = given or request.query.get("token", "")
-        if hmac.compare_digest(given.encode(errors="surrogateescape"), self.token.encode()):
+        if token_matches(request, self.token):
             return await handler(request)
         return web.json_response(
             {"error": "a bearer token is required (Authorization: Bearer <token>)"}, status=401
         )
 
     async def index(self, request: web.Request) -> web.Response:
-        return web.Response(text=render(self.report()), content_type="text/html")
+        # A browser that came with ?token= keeps it on the page's links (it passed above).
+        token = request.query.get("token", "")
+        return web.Response(text=render(self.report(), token), content_type="text/html")
 
     async def api_status(self, request: web.Request) -> web.Response:
         report = self.report()

@@ -10,6 +10,7 @@
 #                      (Debian 12 ships 252; its backports have 254)
 #   systemd-container  systemd-nspawn, which boots a real systemd for tests/test_systemd_boot.py
 #   debootstrap        the Debian root file system that container boots
+#   curl               the README's upload example, as tests/test_uploads.py runs it
 # systemd-container must match the installed systemd, so where systemd comes from the
 # backports it does too (and debootstrap with it). Never libnss-mymachines (a recommendation
 # of systemd-container): it rewrites the host's name-service configuration.
@@ -32,7 +33,7 @@ elif dpkg-query -W -f='${Version}' systemd 2>/dev/null | grep -q '~bpo'; then
 fi
 
 missing=()
-for package in fuse3 chromium acl poppler-utils ghostscript; do
+for package in fuse3 chromium acl poppler-utils ghostscript curl; do
   installed "$package" || missing+=("$package")
 done
 for package in systemd-container debootstrap; do

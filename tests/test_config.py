@@ -75,6 +75,22 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
         ),
         ({"inboxes": []}, "inboxes: Tuple should have at least 1 item"),
         ({"inboxes": [{"path": "a/in"}, {"path": "a/other"}]}, "share the work folder"),
+        (
+            {"inboxes": [{"path": "in", "uploads": True, "recursive": False}]},
+            "inboxes[0]: Value error, uploads: true needs recursive: true",
+        ),
+        (
+            {"inboxes": [{"path": "in", "uploads": True, "collate": True}]},
+            "uploads: true cannot be combined with collate: true",
+        ),
+        (
+            {"inboxes": [{"path": "in", "uploads": True, "job_folders": ["up*"]}]},
+            "job_folders matches the folder 'uploads'",
+        ),
+        (
+            {"inboxes": [{"path": "in"}], "http": {"max_upload_mb": 0}},
+            "http.max_upload_mb: Input should be greater than 0",
+        ),
     ],
 )
 def test_errors_name_the_key_and_what_is_expected(
