@@ -387,24 +387,25 @@ class DocumentsApi:
         return found.outputs
 
     async def markdown(self, request: web.Request) -> web.StreamResponse:
-        found = await self._find(request)
-        if isinstance(found, web.Response):
-            return found
-        outputs = self._not_done(request, found)
+        outputs = await self._done_outputs(request)
         if isinstance(outputs, web.Response):
             return outputs
         return await self._serve(request, outputs, (outputs.markdown,))
 
     async def output(self, request: web.Request) -> web.StreamResponse:
-        found = await self._find(request)
-        if isinstance(found, web.Response):
-            return found
-        outputs = self._not_done(request, found)
+        outputs = await self._done_outputs(request)
         if isinstance(outputs, web.Response):
             return outputs
         parts = tuple(p for p in (request.match_info.get("folder"), request.match_info["name"])
                       if p is not None)  # fmt: skip
         return await self._serve(request, outputs, parts)
+
+    async def _done_outputs(self, request: web.Request) -> Outputs | web.Response:
+        """The outputs of the document the request names, or the answer why there are none."""
+        found = await self._find(request)
+        if isinstance(found, web.Response):
+            return found
+        return self._not_done(request, found)
 
     async def _serve(
         self, request: web.Request, outputs: Outputs, parts: Sequence[str]

@@ -146,7 +146,7 @@ class DocumentRunner:
         alone: bool,
         log: FilteringBoundLogger,
     ) -> None:
-        resumed = await self._step(lambda: route.settler.resume(claim), log)
+        resumed = await self._step(lambda: route.settler.resume(claim), route, log)
         if resumed is not None:
             log.info("document.settled", outcome=resumed.outcome, resumed=True)
             return
@@ -250,7 +250,7 @@ class DocumentRunner:
     ) -> None:
         try:
             settlement = await self._with_naming_fallback(
-                lambda naming: route.settler.done(claim, result, route.options, naming), log
+                lambda naming: route.settler.done(claim, result, route.options, naming), route, log
             )
         except StorageRefused as refused:
             if refused.fault is Fault.owner_refused:
@@ -302,13 +302,15 @@ class DocumentRunner:
             return route.settler.failed(claim, failure, naming)
 
         try:
-            settlement = await self._with_naming_fallback(plan, log)
+            settlement = await self._with_naming_fallback(plan, route, log)
         except StorageRefused as refused:
             if refused.fault is Fault.owner_refused:
                 self._stuck(claim, str(refused), log)
                 return
             # nothing else to try: wait for an operator, the original safe
-            settlement = await self._step(lambda: plan(Naming.flat), log, permanent_too=True)
+            settlement = await self._step(
+                lambda: plan(Naming.flat), route, log, permanent_too=True
+            )
         summary = self._summary(route, claim, Outcome.failed, started, settlement)
         summary.stage, summary.page, summary.reason = failure.stage, failure.page, failure.message
         summary.code = failure.code
@@ -323,7 +325,7 @@ class DocumentRunner:
         failure = failures.unsettled(error)
         try:
             settlement = await self._step(
-                lambda: route.settler.failed(claim, failure, Naming.flat), log
+                lambda: route.settler.failed(claim, failure, Naming.flat), route, log
             )
         except Exception as again:
             why = f"cannot be settled, not even as a failure: {type(again).__name__}: {again}"
@@ -345,13 +347,13 @@ class DocumentRunner:
         )
 
     async def _with_naming_fallback(
-        self, plan: Callable[[Naming], Settlement], log: FilteringBoundLogger
+        self, plan: Callable[[Naming], Settlement], route: Route, log: FilteringBoundLogger
     ) -> Settlement:
         """Settle under each naming in turn while the target refuses names; StorageRefused
         once it refuses the file whatever its name, or every naming."""
         for naming in Naming:
             try:
-                return await self._step(functools.partial(plan, naming), log)
+                return await self._step(functools.partial(plan, naming), route, log)
             except StorageRefused as error:
                 if error.fault is not Fault.name_refused or naming is Naming.flat:
                     raise
@@ -392,7 +394,11 @@ class DocumentRunner:
             listener(route.config, summary)
 
     async def _step(
-        self, action: Callable[[], T], log: FilteringBoundLogger, permanent_too: bool = False
+        self,
+        action: Callable[[], T],
+        route: Route,
+        log: FilteringBoundLogger,
+        permanent_too: bool = False,
     ) -> T:
         """Run a settlement step in a thread. Transient storage faults are retried with
         backoff, the original safe in the work area, until they clear; a refused name or
@@ -402,7 +408,7 @@ class DocumentRunner:
             try:
                 value = await _uninterrupted(action)
             except OSError as error:
-                fault = classify(error)
+                fault = classify(error, route.settler.roots)
                 if fault is not Fault.transient and not permanent_too:
                     raise StorageRefused(error, fault) from error
                 delay = next(waits)

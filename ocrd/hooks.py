@@ -84,6 +84,7 @@ def environment(summary: DocumentSummary, summary_file: Path) -> dict[str, str]:
         "OCRD_PATH": summary.path,
         "OCRD_ORIGINAL": summary.original or "",
         "OCRD_MARKDOWN": summary.markdown or "",
+        "OCRD_PDF": summary.pdf or "",
         "OCRD_ERROR_REPORT": summary.error_report or "",
         "OCRD_REASON": summary.reason or "",
         "OCRD_PAGES": str(summary.pages),

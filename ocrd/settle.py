@@ -111,6 +111,8 @@ class Settler:
     def __init__(self, inbox: InboxConfig, engine: str) -> None:
         self.inbox = inbox
         self.engine = engine
+        # The operator's folders: a problem at one of them is not a document's.
+        self.roots = (inbox.outbox, inbox.done, inbox.failed)
 
     def done(
         self,

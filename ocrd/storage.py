@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import re
 import unicodedata
+from collections.abc import Collection
 from enum import Enum
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 
 class Fault(Enum):
@@ -38,16 +40,29 @@ NAME_REFUSED = frozenset(
 FILE_REFUSED = frozenset({errno.EFBIG})
 
 
-def classify(error: OSError) -> Fault:
+def classify(error: OSError, roots: Collection[Path] = ()) -> Fault:
     """Errors not known to be permanent for one file count as transient: retrying keeps the
-    original safe, and the fault shows in the log and the systemd status meanwhile."""
+    original safe, and the fault shows in the log and the systemd status meanwhile. A name
+    refused at one of the output `roots` or above (a file where the outbox should be) is
+    the operator's to fix, not the document's: transient too."""
     if isinstance(error, OwnerRefused):
         return Fault.owner_refused
-    if error.errno in NAME_REFUSED:
+    if error.errno in NAME_REFUSED and not _at_or_above(error.filename, roots):
         return Fault.name_refused
     if error.errno in FILE_REFUSED or error.errno is None:  # a copy that met what it cannot
         return Fault.file_refused
     return Fault.transient
+
+
+def _at_or_above(filename: object, roots: Collection[Path]) -> bool:
+    """Whether `filename` is one of `roots` or above one, or below one that is no folder."""
+    if not isinstance(filename, str | os.PathLike):
+        return False
+    path = Path(os.path.abspath(filename))
+    for root in (Path(os.path.abspath(root)) for root in roots):
+        if root.is_relative_to(path) or (path.is_relative_to(root) and not root.is_dir()):
+            return True
+    return False
 
 
 def describe(error: OSError) -> str:

@@ -606,11 +606,19 @@ class Uploads:
             news = self._news
             found = await self.find(document_id)
             left = deadline - loop.time()
-            if found is None or found.settled or left <= 0:
+            settled = found is not None and found.settled and not self._telling(document_id)
+            if found is None or settled or left <= 0:
                 return found
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(left, RECHECK_SECONDS)):
                     await news.wait()
+
+    def _telling(self, document_id: str) -> bool:
+        """Settled in its files while this daemon has yet to tell its summary (pages,
+        timing), which comes a moment later."""
+        return document_id not in self._remembered and any(
+            _upload_of(str(flight.path)) == document_id for flight in self.in_flight.values()
+        )
 
     def document_finished(self, inbox: InboxConfig, summary: DocumentSummary) -> None:
         remembered = _Remembered(inbox, summary)

@@ -77,7 +77,7 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
         ({"inboxes": [{"path": "a/in"}, {"path": "a/other"}]}, "share the work folder"),
         (
             {"inboxes": [{"path": "in", "uploads": True, "recursive": False}]},
-            "inboxes[0]: Value error, uploads: true needs recursive: true",
+            "inboxes[0]: uploads: true needs recursive: true",
         ),
         (
             {"inboxes": [{"path": "in", "uploads": True, "collate": True}]},

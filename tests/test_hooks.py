@@ -75,7 +75,7 @@ def test_hooks_run_after_settling_and_never_hold_it_up(tmp_path: Path, start_dae
                 "timeout_seconds": 1,
             },
         }
-        config = write_config(tmp_path, {"hooks": hooks})
+        config = write_config(tmp_path, {"hooks": hooks, "outputs": ["markdown", "pdf"]})
         daemon = start_daemon(config, env={"HOOK_SECRET": "shared-secret"})
         url = base_url(daemon)
         daemon.wait_for("daemon.ready")
@@ -109,6 +109,8 @@ def test_hooks_run_after_settling_and_never_hold_it_up(tmp_path: Path, start_dae
     assert facts["OCRD_PAGES"] == "2"
     assert Path(facts["OCRD_MARKDOWN"]).read_text().startswith("# Simulated page 1")
     assert Path(facts["OCRD_ORIGINAL"]) == tmp_path / "data" / "done" / "letter.pdf"
+    assert Path(facts["OCRD_PDF"]) == Path(facts["OCRD_MARKDOWN"]).with_suffix(".pdf")
+    assert Path(facts["OCRD_PDF"]).read_bytes().startswith(b"%PDF")
     assert json.loads(facts["OCRD_SUMMARY"])["outcome"] == "done"
     [output] = [e for e in daemon.find("hook.finished") if e.get("kind") == "command"]
     assert output["output"] == "recorded letter.pdf"

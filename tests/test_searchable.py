@@ -44,7 +44,7 @@ from ocrd.searchable import (
     image_pdf,
     write_searchable_pdf,
 )
-from ocrd.sources import Sources, page_files, page_order
+from ocrd.sources import SourceKind, Sources, page_files, page_order
 from ocrd.textlayer import block_lines
 
 PASSWORD = "ELXRTQWS"  # corpus/hostile/pdf-js__issue3371.pdf (corpus README)
@@ -199,7 +199,7 @@ def page_counts(files: Sequence[tuple[Path, InputFormat]]) -> list[int]:
 
 def write_pdf(sources: Sources, pages: list[PageResult], target: Path, **options: Any) -> Converted:
     files, _ = page_files(sources)
-    order = page_order(page_counts(files), sources.kind == "duplex")
+    order = page_order(page_counts(files), sources.kind is SourceKind.duplex)
     result = write_searchable_pdf(files, order, pages, target, passwords=[PASSWORD], **options)
     return Converted(files, order, pages, target, result)
 
@@ -361,7 +361,7 @@ def recognised(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
                     ],
                 ),
             ),
-            "duplex",
+            SourceKind.duplex,
         ),
         "encrypted.pdf": Sources((corpus / "hostile" / "pdf-js__issue3371.pdf",)),
     }
