@@ -19,7 +19,7 @@ from PIL import Image
 
 from ocrd.config import PromptMode, SimulatedConfig
 from ocrd.domain import PageImage, PageText
-from ocrd.engines.base import EngineHealth, EngineState
+from ocrd.engines.base import EngineHealth, EngineState, InProcess
 from ocrd.engines.slots import PrioritySlots
 
 
@@ -30,7 +30,7 @@ def fingerprint(image: Image.Image) -> str:
     return hashlib.sha256(sample.tobytes()).hexdigest()[:16]
 
 
-class SimulatedEngine:
+class SimulatedEngine(InProcess):
     name = "simulated"
 
     def __init__(self, config: SimulatedConfig) -> None:
@@ -52,7 +52,12 @@ class SimulatedEngine:
         number, (width, height), digest = page.number, page.image.size, fingerprint(page.image)
         del page
         async with self.slots.slot(priority):
-            await asyncio.sleep(self.config.seconds_per_page)
+            self._in_flight += 1
+            try:
+                await asyncio.sleep(self.config.seconds_per_page)
+            finally:
+                self._in_flight -= 1
+        self._done += 1
         unfinished = (
             mode is PromptMode.layout
             and self.config.unfinished_every > 0
