@@ -123,7 +123,7 @@ class StandInFleetServer:
 
     def _crash_and_return(self) -> None:
         self.stop()
-        time.sleep(0.5)
+        time.sleep(1.0)  # down long enough for ocrd's probe to find it gone
         self.start()
 
     def _self_check_answer(self) -> dict[str, Any]:

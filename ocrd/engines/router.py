@@ -212,6 +212,7 @@ class Router:
         self._requests = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._check_media: PageMedia | None = None
+        self._stopping = False
 
     # --- what the daemon reads -----------------------------------------------------------
 
@@ -269,7 +270,7 @@ class Router:
         await asyncio.wait([r.started for r in self._replicas if r.started is not None])
         self._refresh_health()
         if self.settings.local and not any(r.ever_ready or r.self_check for r in self._replicas):
-            problems = "; ".join(f"{r.name}: {r.problem}" for r in self._replicas)
+            problems = "; ".join(f"{r.name}: {r.problem or r.state.value}" for r in self._replicas)
             await self.stop()
             raise EngineStartError(f"no {self.name} replica started: {problems}")
 
@@ -277,6 +278,7 @@ class Router:
         return None  # replicas are restarted, an outage shows in `health`: never dead
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -487,6 +489,8 @@ class Router:
             callback(facts)
 
     def _refresh_health(self) -> None:
+        if self._stopping:
+            return  # the last state stays for whoever reads it after the stop
         states = [replica.state for replica in self._replicas]
         others = [r for r in self._replicas if r.state is not ReplicaState.ready]
         if ReplicaState.ready in states:
@@ -507,7 +511,7 @@ class Router:
         elif garbled:
             self.health.set(EngineState.garbled, " ".join(r.problem or "" for r in garbled[:1]))
         else:
-            problems = "; ".join(f"{r.name}: {r.problem}" for r in self._replicas)
+            problems = "; ".join(f"{r.name}: {r.problem or r.state.value}" for r in self._replicas)
             self.health.set(EngineState.unreachable, problems)
 
     # --- routing --------------------------------------------------------------------------

@@ -42,7 +42,7 @@ CRASH_STATUS = 3
 def marked(image: Image.Image) -> bool:
     """Whether the page carries the crash mark in its top-left corner."""
     corner = image.convert("RGB").crop((0, 0, MARK_SIDE, MARK_SIDE))
-    return all(pixel == MARK for pixel in corner.getdata())
+    return corner.tobytes() == bytes(MARK) * (MARK_SIDE * MARK_SIDE)
 
 
 class SimulatedReplica:
