@@ -465,3 +465,65 @@ def test_files_wait_in_the_inbox_while_every_fleet_server_writes_garbage(
         fleet.stop()
     assert files_under(inbox) == ["waiting.pdf"]
     assert fleet.answered == 0  # no page was sent, only the self-check
+
+
+# --- choosing devices, and what each replica runs ------------------------------------------
+
+
+def test_gpus_auto_gives_each_visible_gpu_a_replica_and_a_list_picks_among_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ocrd.config import VllmConfig
+    from ocrd.engines.replicas import device_groups, visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5,7")
+    visible = visible_gpus()
+    assert visible == ["2", "3", "5", "7"]
+    assert device_groups(VllmConfig(), visible) == [["2"], ["3"], ["5"], ["7"]]
+    assert device_groups(VllmConfig(tensor_parallel_size=2), visible) == [["2", "3"], ["5", "7"]]
+    assert device_groups(VllmConfig(gpus=(1, 3)), visible) == [["3"], ["7"]]
+    with pytest.raises(ValueError, match="lists device 4, but only 4 GPUs are visible"):
+        device_groups(VllmConfig(gpus=(0, 4)), visible)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # CUDA's way of hiding every GPU
+    assert visible_gpus() == []
+
+
+def test_a_device_list_must_make_whole_tensor_parallel_replicas() -> None:
+    from ocrd.config import ConfigError, parse_config
+
+    engine = {"kind": "vllm", "vllm": {"gpus": [0, 1, 2], "tensor_parallel_size": 2}}
+    with pytest.raises(ConfigError, match="3 gpus do not make whole replicas"):
+        parse_config({"inboxes": [{"path": "in"}], "engine": engine}, Path("/tmp"))
+
+
+def test_the_self_check_is_on_by_default_except_where_nothing_can_read() -> None:
+    def check(section: dict[str, Any], kind: str) -> bool:
+        return EngineConfig.model_validate(section).self_check_for(kind)
+
+    assert check({}, "vllm") and check({}, "openai")
+    assert not check({}, "simulated")
+    assert not check({"vllm": {"load_format": "dummy"}}, "vllm")
+    assert check({"self_check": True, "vllm": {"load_format": "dummy"}}, "vllm")
+    assert not check({"self_check": False}, "openai")
+
+
+def test_each_vllm_replica_serves_with_the_recipes_settings_on_a_private_socket() -> None:
+    from ocrd.config import VllmConfig
+    from ocrd.engines.replicas import vllm_serve_argv
+
+    config = VllmConfig(model="m", enforce_eager=True, kv_cache_memory_bytes=1 << 30)
+    argv = " ".join(vllm_serve_argv(config, Path("/run/x/gpu0.sock"), Path("/run/x/pages")))
+    for setting in (
+        "-m vllm.entrypoints.openai.api_server --model m",
+        "--no-enable-prefix-caching",
+        "--mm-processor-cache-gb 0",
+        "--logits-processors vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor",
+        '--limit-mm-per-prompt {"image": 1}',
+        "--scheduling-policy priority",
+        "--max-num-seqs 128 --max-num-batched-tokens 16384",
+        "--uds /run/x/gpu0.sock --allowed-local-media-path /run/x/pages",
+        "--enforce-eager",
+        f"--kv-cache-memory-bytes {1 << 30}",
+    ):
+        assert setting in argv
+    assert "--api-key" not in argv  # the key travels in the environment, not in `ps`

@@ -193,17 +193,19 @@ class ProcessKeeper:
         return await self._healthy(self.supervision.health_timeout_seconds) is None
 
     async def take_down(self) -> None:
-        process, self.process = self.process, None
+        process = self.process
         if process is None:
             return
-        if process.returncode is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), self.supervision.stop_grace_seconds)
-        # The whole group: vLLM's engine core and workers may outlive their server.
-        _signal_group(process.pid, signal.SIGKILL)
+        try:
+            if process.returncode is None:
+                _signal_group(process.pid, signal.SIGTERM)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(process.wait(), self.supervision.stop_grace_seconds)
+        finally:  # also when cancelled: the whole group, as vLLM's engine core and workers
+            _signal_group(process.pid, signal.SIGKILL)  # may outlive their server
         if process.returncode is None:
             await process.wait()
+        self.process = None
         await self.link.reset()
 
 

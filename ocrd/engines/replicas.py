@@ -141,14 +141,20 @@ def device_groups(config: VllmConfig, visible: list[str]) -> list[list[str]]:
     return [chosen[i : i + size] for i in range(0, len(chosen), size)]
 
 
-def cpu_shares(replicas: int) -> list[str]:
-    """Without GPUs, each replica's own share of the CPUs this process may use (vLLM's CPU
-    backend pins its threads; replicas on the same cores would fight over them)."""
+def cpu_shares(replicas: int, ranks: int = 1) -> list[str]:
+    """Without GPUs, each replica's own share of the CPUs this process may use, as vLLM's
+    CPU backend takes it in VLLM_CPU_OMP_THREADS_BIND (one list per tensor-parallel rank,
+    joined by "|"): it pins its threads, and replicas on the same cores would fight over
+    them. Empty where there are fewer CPUs than ranks in all (vLLM binds by itself)."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cpus) < replicas:
-        return []  # fewer CPUs than replicas: vLLM's own binding
-    share = len(cpus) // replicas
-    return [",".join(str(c) for c in cpus[i * share : (i + 1) * share]) for i in range(replicas)]
+    if len(cpus) < replicas * ranks:
+        return []
+    share = len(cpus) // (replicas * ranks)
+    lists = [cpus[i * share : (i + 1) * share] for i in range(replicas * ranks)]
+    return [
+        "|".join(",".join(map(str, cpu_list)) for cpu_list in lists[r * ranks : (r + 1) * ranks])
+        for r in range(replicas)
+    ]
 
 
 # --- the runtime folder -----------------------------------------------------------------
@@ -230,7 +236,7 @@ def vllm_replicas(config: EngineConfig, groups: list[list[str]], cpu_only: bool)
     key = secrets.token_urlsafe(32)
     version = installed_vllm_version()
     log_vllm_version(version)
-    cpus = cpu_shares(len(groups)) if cpu_only else []
+    cpus = cpu_shares(len(groups), vllm.tensor_parallel_size) if cpu_only else []
     replicas = []
     for index, group in enumerate(groups):
         name = "gpu" + "-".join(group)

@@ -660,8 +660,10 @@ class Router:
         if replica.generation != generation or replica.state is not ReplicaState.ready:
             return False
         # One look per start, however many of its requests broke at once.
-        if replica._confirming is None or replica._confirming[0] != generation:
+        confirming = replica._confirming
+        if confirming is None or confirming[0] != generation or confirming[1].done():
             replica._confirming = (generation, asyncio.ensure_future(replica.keeper.alive()))
+        assert replica._confirming is not None
         alive = await asyncio.shield(replica._confirming[1])
         return alive and replica.generation == generation
 
