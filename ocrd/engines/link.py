@@ -10,6 +10,8 @@ HTTP status.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,20 @@ class Dropped(LinkError):
 @dataclass(frozen=True)
 class Answer:
     status: int
-    data: dict[str, Any] | None  # the JSON body when it is an object
-    text: str  # the body, for error messages
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    @functools.cached_property
+    def data(self) -> dict[str, Any] | None:
+        """The body as a JSON object; None if it is not one."""
+        try:
+            data = json.loads(self.body)
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
 
 
 class ServerLink:
@@ -116,14 +130,7 @@ class ServerLink:
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 10.0)),
             ) as response:
-                text = await response.text(errors="replace")
-                data: Any = None
-                if response.content_type == "application/json":
-                    try:
-                        data = await response.json(content_type=None)
-                    except ValueError:
-                        data = None
-                return Answer(response.status, data if isinstance(data, dict) else None, text)
+                return Answer(response.status, await response.read())
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
             raise Unreachable(_describe(error)) from error
         except FileNotFoundError as error:  # a Unix socket not there (yet)

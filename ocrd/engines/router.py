@@ -509,7 +509,9 @@ class Router:
         if first_start and not any(r.ever_ready for r in self._replicas):
             self.health.set(EngineState.loading, self.summary)
         elif garbled:
-            self.health.set(EngineState.garbled, " ".join(r.problem or "" for r in garbled[:1]))
+            count = len(self._replicas)
+            share = f"{len(garbled)} of {count} replicas garbled; " if count > 1 else ""
+            self.health.set(EngineState.garbled, share + (garbled[0].problem or ""))
         else:
             problems = "; ".join(f"{r.name}: {r.problem or r.state.value}" for r in self._replicas)
             self.health.set(EngineState.unreachable, problems)
