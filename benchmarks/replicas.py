@@ -104,6 +104,52 @@ def transport(args: argparse.Namespace) -> None:
             best = min(_cpu_per_item(action, images) for _ in range(3))
             print(f"| {name} | {best * 1000:.2f} |", flush=True)
     http_clients(args)
+    engine_cost(images)
+
+
+def engine_cost(images: list[Any]) -> None:
+    """The engine's own CPU in the daemon's process per page (hand-over, routing, HTTP),
+    with simulated engines that answer after 20 ms."""
+    from PIL import Image
+
+    from ocrd.engines import create_engine
+
+    requests = 400
+
+    async def measure(section: dict[str, Any], from_files: bool) -> float:
+        engine = create_engine(EngineConfig.model_validate(section), "simulated")
+        await engine.start()
+        try:
+            folder = getattr(engine, "page_folder", None)
+            pages = []
+            for n in range(requests):
+                image = images[n % len(images)]
+                if from_files:  # as a render worker would write it where replicas read
+                    path = folder / f"worker-{n}.ppm"
+                    image.save(path, format="PPM")
+                    image = Image.open(path)
+                pages.append(PageImage(n + 1, image, 1, 1))
+            started = cpu()
+            await asyncio.gather(*(engine.recognise(p, PromptMode.layout) for p in pages))
+            return (cpu() - started) / requests
+        finally:
+            await engine.stop()
+
+    in_process = {"kind": "simulated", "simulated": {"capacity": 64, "seconds_per_page": 0.02}}
+    replicas = {
+        "kind": "simulated",
+        "simulated": {"replicas": 2, "capacity": 32, "seconds_per_page": 0.02},
+    }
+    print(f"\nthe engine's CPU in the daemon's process, {requests} of those pages")
+    print("| engine | ms CPU a page (best of 3) |")
+    print("| --- | --- |")
+    for name, section, from_files in (
+        ("simulated, in the daemon's process", in_process, False),
+        ("2 simulated replicas, page written as PPM by the engine", replicas, False),
+        ("2 simulated replicas, page already a file in the page folder", replicas, True),
+    ):
+        best = min(asyncio.run(measure(section, from_files)) for _ in range(3))
+        print(f"| {name} | {best * 1000:.2f} |", flush=True)
 
 
 def _cpu_per_item(action: Any, items: list[Any]) -> float:

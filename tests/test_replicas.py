@@ -527,3 +527,27 @@ def test_each_vllm_replica_serves_with_the_recipes_settings_on_a_private_socket(
     ):
         assert setting in argv
     assert "--api-key" not in argv  # the key travels in the environment, not in `ps`
+
+
+def test_a_page_a_worker_wrote_into_the_engines_page_folder_is_sent_as_it_is() -> None:
+    """The hook for render workers that write pages where the replicas read them: the
+    daemon then copies no pixels; the file is the engine's once handed over."""
+
+    async def scenario() -> tuple[str, str, list[str], bool]:
+        engine = await started(simulated(1))
+        try:
+            assert engine.page_folder is not None
+            image = page(3).image
+            in_memory = await engine.recognise(PageImage(3, image, 216, 288), PromptMode.text)
+            written = engine.page_folder / "worker-page-3.ppm"
+            image.save(written, format="PPM")
+            lazy = Image.open(written)  # reads the header only, not the pixels
+            from_file = await engine.recognise(PageImage(3, lazy, 216, 288), PromptMode.text)
+            left = sorted(p.name for p in engine.page_folder.iterdir())
+            return in_memory.text, from_file.text, left, written.exists()
+        finally:
+            await engine.stop()
+
+    in_memory, from_file, left, still_there = run(scenario())
+    assert from_file == in_memory and "pixel digest" in from_file
+    assert left == [] and not still_there

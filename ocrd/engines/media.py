@@ -1,12 +1,12 @@
 """How a page's pixels travel to an OpenAI-compatible server: as a file, or in the request.
 
 A server on this machine (a replica ocrd started) reads the page from a private folder on a
-tmpfs: ocrd writes it there as an uncompressed PPM (a header and the pixels, 2 to 3 ms of
-CPU for a 144 DPI page) and sends a `file://` URL, which `vllm serve` reads with
+tmpfs: ocrd writes it there as an uncompressed PPM (a header and the pixels: about 2 ms of
+CPU for a 1.5 megapixel page) and sends a `file://` URL, which `vllm serve` reads with
 `--allowed-local-media-path`. A remote server must get the pixels in the request: a PNG data
-URL (lossless; about 30 ms of CPU a page at zlib level 1, measured in BENCHMARKS.md). The
-file lives from hand-over until the answer, so its pixels are not held in the daemon's
-memory while the page waits for a replica.
+URL (lossless; about 27 ms of CPU for such a page at zlib level 1; both measured by
+`benchmarks/replicas.py transport`). The file lives from hand-over until the answer, so its
+pixels are not held in the daemon's memory while the page waits for a replica.
 """
 
 from __future__ import annotations

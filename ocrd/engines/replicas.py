@@ -272,6 +272,7 @@ def vllm_replicas(config: EngineConfig, groups: list[list[str]], cpu_only: bool)
         ),
         PageFiles(media).write,
         cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
+        page_folder=media,
     )
 
 
@@ -323,6 +324,7 @@ def simulated_replicas(config: EngineConfig) -> Router:
         ),
         PageFiles(media).write,
         cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
+        page_folder=media,
     )
 
 

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from PIL import Image
@@ -194,6 +195,7 @@ class Router:
         settings: RouterSettings,
         prepare: Callable[[Image.Image], PageMedia],
         cleanup: Callable[[], None] | None = None,
+        page_folder: Path | None = None,
     ) -> None:
         self.name = name
         self.sampling = sampling
@@ -203,6 +205,7 @@ class Router:
         self.on_change: list[Callable[[ReplicaFacts], None]] = []
         self._replicas = replicas
         self._prepare = prepare
+        self.page_folder = page_folder  # where local replicas read pages (None: a fleet)
         self._cleanup = cleanup
         self._queue: list[_Waiter] = []
         self._suspects: deque[_Waiter] = deque()
@@ -543,14 +546,29 @@ class Router:
         return body
 
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
+        """The page's text. A page whose image is a file in `page_folder` already (opened
+        lazily by PIL from a PPM a render worker wrote there) is sent as it is, and the file
+        is the engine's from then on: removed once answered. Other pages are written there
+        (local replicas) or encoded as PNG (a fleet)."""
         number = page.number
-        media = await asyncio.to_thread(self._prepare, page.image)
+        media = self._own_file(page.image)
+        if media is None:
+            media = await asyncio.to_thread(self._prepare, page.image)
         del page  # the file or the PNG is all that waits for a replica, not the pixels
         try:
             body = self.request_body(media.url, PROMPTS[mode], priority)
             return await self._route(body, number, priority)
         finally:
             media.release()
+
+    def _own_file(self, image: Image.Image) -> PageMedia | None:
+        filename = getattr(image, "filename", "")
+        if not filename or self.page_folder is None:
+            return None
+        path = Path(filename)
+        if path.parent != self.page_folder or path.suffix not in (".ppm", ".bmp", ".png"):
+            return None
+        return PageMedia(path.as_uri(), path)
 
     async def _route(self, body: dict[str, Any], page: int, priority: int) -> PageText:
         kind = _Kind.fresh
