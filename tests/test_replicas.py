@@ -551,3 +551,35 @@ def test_a_page_a_worker_wrote_into_the_engines_page_folder_is_sent_as_it_is() -
     in_memory, from_file, left, still_there = run(scenario())
     assert from_file == in_memory and "pixel digest" in from_file
     assert left == [] and not still_there
+
+
+def test_a_garbled_server_that_gets_fixed_is_asked_again_and_then_gets_pages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ocrd.engines import router
+
+    monkeypatch.setattr(router, "RECHECK", Backoff(first=0.5))
+    fleet = StandInFleetServer(delay=0.05)
+    fleet.garbled = True
+    fleet.start()
+
+    async def scenario() -> tuple[EngineState, EngineState, PageText, int]:
+        engine = fleet_engine(fleet)
+        await engine.start()
+        try:
+            before = engine.health.state
+            waiting = asyncio.create_task(engine.recognise(page(1), PromptMode.layout))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+            fleet.garbled = False  # say, the server was pinned to a good vLLM and restarted
+            text = await asyncio.wait_for(waiting, 30)
+            return before, engine.health.state, text, fleet.self_checks
+        finally:
+            await engine.stop()
+
+    try:
+        before, after, text, checks = run(scenario())
+    finally:
+        fleet.stop()
+    assert before is EngineState.garbled and after is EngineState.ready
+    assert text.finish_reason == "stop" and checks >= 2
