@@ -5,7 +5,7 @@ replica costs, and ocrd's vLLM replicas against vLLM's own offline batch.
     python benchmarks/replicas.py scaling [--replicas 1,2,4,8] [--engine-seconds 60]
         [--capacity 4] [--seconds-per-page 1.6]
     python benchmarks/replicas.py kill [--replicas 4] [--engine-seconds 90]
-    python benchmarks/replicas.py vllm [--model FOLDER] [--pages 8] [--max-tokens 24]
+    python benchmarks/replicas.py vllm [--model FOLDER] [--pages 8] [--max-tokens 24] [--rounds 2]
 
 transport: CPU of the daemon's process per page for the ways a page can reach a server
     (PNG data URL, as a remote fleet needs; uncompressed PPM or BMP file in a tmpfs folder,
@@ -391,22 +391,39 @@ def vllm_comparison(args: argparse.Namespace, folder: Path) -> None:
         f"{n} pages (longer side {MAX_IMAGE_SIDE} px), max_tokens {args.max_tokens}, "
         f"max_num_seqs 8, one request a page on each side, no retries"
     )
-    print("| engine | seconds | pages/s | / LLM.generate | daemon-process CPU ms a page |")
-    print("| --- | --- | --- | --- | --- |")
-    baseline = offline_generate(section, pages)
-    print(f"| vLLM offline LLM.generate, both cores | {baseline:.2f} | {n / baseline:.3f} | 1 | |")
-    for name, gpus in (
+    print(
+        "| round | engine | seconds | pages/s | / LLM.generate of the round "
+        "| daemon-process CPU ms a page | load average |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    engines: list[tuple[str, Any]] = [
         ("ocrd, one vllm serve replica (gpus [0])", [0]),
         ("ocrd, two vllm serve replicas, a core each (gpus [0, 1])", [0, 1]),
         ("ocrd, in-process AsyncLLM (gpus auto, no GPU)", "auto"),
-    ):
-        config = EngineConfig.model_validate({**section, "vllm": {**section["vllm"], "gpus": gpus}})
-        seconds, process_cpu = ocrd_engine(config, pages)
-        print(
-            f"| {name} | {seconds:.2f} | {n / seconds:.3f} | {baseline / seconds:.3f} "
-            f"| {process_cpu / n * 1000:.1f} |",
-            flush=True,
-        )
+    ]
+    offline = "vLLM offline LLM.generate, both cores"
+    for number in range(1, args.rounds + 1):  # odd rounds in this order, even ones reversed
+        runs: list[tuple[str, Any]] = [(offline, None), *engines]
+        if number % 2 == 0:
+            runs.reverse()
+        results: dict[str, tuple[float, float | None, float]] = {}
+        for name, gpus in runs:
+            if gpus is None:
+                results[name] = (offline_generate(section, pages), None, os.getloadavg()[0])
+                continue
+            config = EngineConfig.model_validate(
+                {**section, "vllm": {**section["vllm"], "gpus": gpus}}
+            )
+            seconds, process_cpu = ocrd_engine(config, pages)
+            results[name] = (seconds, process_cpu, os.getloadavg()[0])
+        baseline = results[offline][0]
+        for name, (seconds, process_cpu, load) in results.items():
+            process = "" if process_cpu is None else f"{process_cpu / n * 1000:.1f}"
+            print(
+                f"| {number} | {name} | {seconds:.2f} | {n / seconds:.3f} "
+                f"| {baseline / seconds:.3f} | {process} | {load:.1f} |",
+                flush=True,
+            )
 
 
 def offline_generate(section: dict[str, Any], pages: list[PageImage]) -> float:
@@ -481,6 +498,7 @@ def main() -> None:
     parser.add_argument("--seconds-per-page", type=float, default=1.6)
     parser.add_argument("--model", help="vllm: model folder or hub name (default: tiny)")
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=2, help="vllm: rounds, order reversed")
     args = parser.parse_args()
     defaults = {"transport": (40, "1"), "scaling": (0, "1,2,4,8"), "kill": (0, "4")}
     pages, replicas = defaults.get(args.what, (8, "1"))

@@ -11,13 +11,15 @@ keeps every replica's batch full.
 Supervision. Each replica runs one loop: bring it up (start its process, or probe the
 server), prove it reads (ocrd's test page, see selfcheck.py), serve until it goes down,
 take it down, wait with backoff (Backoff), start again. The others keep working meanwhile.
-A page in flight on a replica that went down is sent again to another replica and counts
-against no document. But a page can be what kills its replica: a page that was in flight
-each time a replica died, twice, is set aside (PageCrashedError: its document fails with
-"the engine crashed on page N twice"). So that a second death names the page that caused
-it, a page that has been through one death is sent only to a replica holding no other such
-page. A remote server that drops the connection (or stops answering) with the page in
-flight counts the same.
+A page in flight on a replica that went down is sent again and counts against no document.
+But a page can be what kills its replica: a page that was in flight each time a replica
+died, twice, is set aside (PageCrashedError: its document fails with "the engine crashed
+on page N twice"). The second death must name it, not its neighbours: pages that were in
+flight at a death go again first, together (most were innocent bystanders and finish at
+once); if a replica dies with several of them in flight, none is blamed yet, and each goes
+alone from then on (the only such page on its replica), so the next death there names the
+page that caused it. A remote server that drops the connection (or stops answering) with
+the page in flight counts the same.
 
 Failures that are the page's (the replica answered an error, or it timed out and the
 replica still serves) are retried: by the pipeline (`retries=None`, local replicas, as the
