@@ -165,7 +165,17 @@ def main() -> None:
     parser.add_argument("--lag", action="store_true", help="measure the event loop's lag")
     parser.add_argument("--baseline", action="store_true", help="also time bare get_pixmap")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="the simulated engine as this many replica processes sharing the capacity of "
+        "128 (0: in the daemon's process); their CPU counts with the workers'",
+    )
     args = parser.parse_args()
+    engine = simulated_engine(capacity=128 // max(1, args.replicas), seconds_per_page=0.5)
+    if args.replicas:
+        engine["simulated"]["replicas"] = args.replicas
 
     with tempfile.TemporaryDirectory(prefix="ocrd-profile-") as tmp:
         folder = Path(tmp)
@@ -175,7 +185,7 @@ def main() -> None:
         pages = count_pages(paths)
         daemon = DaemonRun(
             folder / "ocrd",
-            simulated_engine(capacity=128, seconds_per_page=0.5),
+            engine,
             pipeline={"max_pages_in_flight": 256, "max_documents_in_flight": 64},
             tree=args.tree,
             lag_probe=args.lag,

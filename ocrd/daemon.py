@@ -23,7 +23,13 @@ from ocrd.activity import Activity
 from ocrd.config import Config
 from ocrd.dispatch import Admission, Dispatcher
 from ocrd.document import DocumentRunner
-from ocrd.engines import Engine, EngineDeadError, choose_engine, create_engine
+from ocrd.engines import (
+    Engine,
+    EngineDeadError,
+    EngineStartError,
+    choose_engine,
+    create_engine,
+)
 from ocrd.hooks import Hooks
 from ocrd.intake import Intake
 from ocrd.log import get_logger
@@ -40,6 +46,10 @@ from ocrd.web import WebServer
 EXIT_OK = 0
 EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit
 EXIT_CONFIG = 78  # EX_CONFIG: the unit does not restart (RestartPreventExitStatus=78)
+
+
+class StartRefused(Exception):
+    """The configuration cannot work on this machine; the message says what to change."""
 
 
 class Daemon:
@@ -88,6 +98,15 @@ class Daemon:
                 self.notifier.ready(service.status_line())
                 self.log.info("daemon.ready", inboxes=[str(i.path) for i in self.config.inboxes])
                 await service.serve()
+        except StartRefused as refused:
+            self.log.error("startup.refused", reason=str(refused))
+            self.exit_code = EXIT_CONFIG
+        except EngineStartError as error:
+            self.log.error(
+                "engine.start_failed", error=str(error),
+                action="exiting so that systemd restarts ocrd; files wait in the inbox",
+            )  # fmt: skip
+            self.exit_code = EXIT_FATAL
         except Exception:
             self.log.exception("daemon.failed", action="exiting so that systemd restarts ocrd")
             self.exit_code = EXIT_FATAL
@@ -119,9 +138,12 @@ class Daemon:
             config = config.model_copy(update={"kind": self.engine_kind})
         choice = choose_engine(config)
         self.log.info("engine.selected", engine=choice.kind, reason=choice.reason)
-        engine = create_engine(config, choice.kind)
         try:
-            async with self.supervisor.loading(choice.kind):
+            engine = create_engine(config, choice.kind)
+        except ValueError as error:  # e.g. engine.vllm.gpus names a GPU that is not there
+            raise StartRefused(str(error)) from None
+        try:
+            async with self.supervisor.loading(engine, choice.kind):
                 await engine.start()
             self.supervisor.watch(engine)
             yield engine
@@ -159,6 +181,8 @@ class Daemon:
             _, recovered = await intake.add(config)
             dispatcher.add(recovered)
         self.report = service.status_report
+        engine.subscribe(lambda _: service.report_status())  # a replica went down or came back
+        self.metrics.replica_metrics = engine.metrics_text
         self._reload = service.request_reload
         if self._reload_early:
             service.request_reload()

@@ -1,11 +1,12 @@
 """Prometheus metrics: counters fed by the pipeline's events, gauges read from the status
 report at each scrape. They live in a registry of their own; the exposition adds the
 process-wide default registry, where the in-process vLLM engine keeps its `vllm:*` metrics
-(and prometheus-client its `process_*` ones)."""
+(and prometheus-client its `process_*` ones), and the `vllm:*` metrics of the engine's
+replica processes, each sample labelled with its replica."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import (
     REGISTRY,
@@ -14,12 +15,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ocrd.domain import DocumentSummary, Outcome, PageResult, PageSource
-from ocrd.engines import EngineState
-from ocrd.status import StatusReport
+from ocrd.engines import EngineState, ReplicaState
+from ocrd.status import ReplicaStatus, StatusReport
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PAGE_SECONDS = (0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
@@ -82,6 +83,50 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "ocrd_ready", "1 when ocrd is ready (see /readyz)", value=1.0 if report.ready else 0.0
         )
+        yield from _replica_metrics(report.replicas)
+
+
+# Each replica's numbers: (ReplicaStatus field, metric name, help, a counter?).
+REPLICA_NUMBERS = (
+    ("in_flight", "ocrd_engine_replica_pages_in_flight", "Pages a replica works on now", False),
+    ("capacity", "ocrd_engine_replica_capacity", "Pages a replica works on at once at most",
+     False),
+    ("pages_done", "ocrd_engine_replica_pages", "Pages a replica recognised", True),
+    ("pages_failed", "ocrd_engine_replica_page_failures",
+     "Page requests that failed on a replica while it stayed up", True),
+    ("restarts", "ocrd_engine_replica_restarts",
+     "Restarts (local) or reconnections (remote) of a replica after its first start", True),
+    ("deaths_with_pages", "ocrd_engine_replica_deaths_with_pages",
+     "Times a replica died or dropped its connection with pages in flight", True),
+)  # fmt: skip
+
+
+def _replica_metrics(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
+    """Each engine replica's state and counts, labelled `replica` (its name)."""
+    state = GaugeMetricFamily(
+        "ocrd_engine_replica_state", "1 for each replica's current state",
+        labels=["replica", "state"],
+    )  # fmt: skip
+    checked = GaugeMetricFamily(
+        "ocrd_engine_replica_self_check_passed",
+        "1 if the replica read ocrd's test page at its last check, 0 if not (absent before)",
+        labels=["replica"],
+    )  # fmt: skip
+    numbers = [
+        (field, (CounterMetricFamily if counter else GaugeMetricFamily)(
+            name, help_text, labels=["replica"]))
+        for field, name, help_text, counter in REPLICA_NUMBERS
+    ]  # fmt: skip
+    for replica in replicas:
+        for value in ReplicaState:
+            state.add_metric([replica.name, value.value], float(replica.state == value.value))
+        for field, family in numbers:
+            family.add_metric([replica.name], getattr(replica, field))
+        if replica.self_check is not None:
+            checked.add_metric([replica.name], float(replica.self_check_passed))
+    yield state
+    yield checked
+    yield from (family for _, family in numbers)
 
 
 class Metrics:
@@ -132,6 +177,8 @@ class Metrics:
             ["event", "kind", "result"], registry=registry,
         )  # fmt: skip
         registry.register(_StateCollector(report))
+        # The engine's replicas' own metrics, once the engine exists.
+        self.replica_metrics: Callable[[], Awaitable[str]] | None = None
 
     def page_done(self, page: PageResult) -> None:
         prompt = page.prompt.value if page.source is PageSource.engine else page.source.value
@@ -154,6 +201,8 @@ class Metrics:
     def storage_fault(self, _: str) -> None:
         self.storage_faults.inc()
 
-    def exposition(self) -> bytes:
-        """ocrd's metrics, then the process-wide registry's (vLLM's, the process's)."""
-        return generate_latest(self.registry) + generate_latest(REGISTRY)
+    async def exposition(self) -> bytes:
+        """ocrd's metrics, then the process-wide registry's (vLLM's, the process's), then
+        those of the engine's replica processes."""
+        replicas = (await self.replica_metrics()).encode() if self.replica_metrics else b""
+        return generate_latest(self.registry) + generate_latest(REGISTRY) + replicas

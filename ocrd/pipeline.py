@@ -108,6 +108,7 @@ class Pipeline:
             config.render_workers_for(),
             RenderLimits.of(config),
             buffer_bytes=buffer_side * buffer_side * 3,
+            page_folder=engine.page_folder,
         )
         budget = PageBudget(config.pages_in_flight_for(engine.max_concurrency))
         return cls(engine, pool, budget, config.page_retries, config.page_retry_backoff_seconds)
@@ -229,6 +230,7 @@ class Pipeline:
         rendered and, unless blank, through the engine (an unfinished layout page gets one
         plain-text retry), its figures cut from the source; then journaled."""
         ref = run.pages[number - 1]
+        looked = None
         try:
             # With split_on every page is rendered first: a separator sheet may carry a
             # text layer (the text under its barcode), and it must never reach the output.
@@ -244,6 +246,7 @@ class Pipeline:
                 looked = None
                 if page.blank and run.settings.blank_pages is not BlankPages.keep:
                     result = blank_page(page.info, run.settings.prompt)
+                    self.renderers.discard(page)
                 else:
                     # The pixels go to the engine and are not held here meanwhile: an
                     # engine that queues the page keeps only what it made of them.
@@ -260,6 +263,8 @@ class Pipeline:
             raise RenderError(  # say which of the files, and which page of the document
                 f"{ref.source.path.name}: {error}", page=number, code=error.code
             ) from None
+        finally:
+            self.renderers.discard(looked)  # rendered to be looked at, not recognised
         run.ticket.page_done()
         run.progress.page_done()
         run.log.info(

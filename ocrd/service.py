@@ -21,13 +21,19 @@ from ocrd.activity import Activity
 from ocrd.config import Config, ConfigError, load_config
 from ocrd.dispatch import Dispatcher
 from ocrd.document import DocumentRunner
-from ocrd.engines import Engine, EngineState
+from ocrd.engines import Engine, EngineState, ReplicaFacts
 from ocrd.intake import Inbox, Intake
 from ocrd.log import get_logger
 from ocrd.notify import SystemdNotifier
 from ocrd.pipeline import Pipeline
 from ocrd.reload import plan_reload
-from ocrd.status import WAITING_LISTED, FinishedDocument, InboxStatus, StatusReport
+from ocrd.status import (
+    WAITING_LISTED,
+    FinishedDocument,
+    InboxStatus,
+    ReplicaStatus,
+    StatusReport,
+)
 from ocrd.supervise import HEALTH_CHECK_SECONDS, Supervisor
 from ocrd.web import WebServer
 
@@ -188,8 +194,11 @@ class Service:
         problems += self.attention()
         if self.web.problem:
             problems.append(self.web.problem)
+        if self.engine.health.degraded:
+            problems.append(f"DEGRADED: {self.engine.health.degraded}")
         waiting = self.intake.waiting_count() + len(self.dispatcher.jobs)
-        return "".join(f"{p}; " for p in problems) + (
+        replicas = f"{self.engine.summary}, " if len(self.engine.replicas) > 1 else ""
+        return "".join(f"{p}; " for p in problems) + replicas + (
             f"{waiting} waiting, {self.dispatcher.running} documents "
             f"({self.pipeline.pages_in_flight} pages) in flight, "
             f"{self.activity.pages_per_second():.2f} pages/s"
@@ -212,6 +221,9 @@ class Service:
             version=__version__,
             engine=self.engine.name,
             engine_state=self.engine.health.state.value,
+            engine_summary=self.engine.summary,
+            degraded=self.engine.health.degraded,
+            replicas=[replica_status(facts) for facts in self.engine.replicas],
             ready=not problems,
             problems=problems,
             attention=self.attention(),
@@ -241,6 +253,19 @@ class Service:
             ],
             blocked=self.intake.blocked_files(inbox),
         )  # fmt: skip
+
+
+def replica_status(facts: ReplicaFacts) -> ReplicaStatus:
+    check = facts.self_check
+    return ReplicaStatus(
+        name=facts.name, device=facts.device, state=facts.state.value, since=facts.since,
+        capacity=facts.capacity, in_flight=facts.in_flight, pages_done=facts.pages_done,
+        pages_failed=facts.pages_failed, restarts=facts.restarts,
+        deaths_with_pages=facts.deaths_with_pages,
+        self_check=f"read {check.words_found} of {check.words_expected} words" if check else None,
+        self_check_passed=check.passed if check else False,
+        problem=facts.problem, pid=facts.pid,
+    )  # fmt: skip
 
 
 def _due(tick: int, seconds: float) -> bool:

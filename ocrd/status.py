@@ -76,10 +76,32 @@ class FinishedDocument(BaseModel):
         )
 
 
+class ReplicaStatus(BaseModel):
+    """One engine replica (a process on a GPU, or a server of a fleet)."""
+
+    name: str
+    device: str | None  # the CUDA devices it is pinned to (None: a remote server)
+    state: str
+    since: float  # wall clock, its last change of state
+    capacity: int
+    in_flight: int
+    pages_done: int
+    pages_failed: int
+    restarts: int
+    deaths_with_pages: int
+    self_check: str | None  # e.g. "read 38 of 40 words", None before any check
+    self_check_passed: bool = False
+    problem: str | None
+    pid: int | None
+
+
 class StatusReport(BaseModel):
     version: str
     engine: str
     engine_state: str
+    engine_summary: str = ""  # e.g. "3 of 4 replicas ready, 1 down"
+    degraded: str | None = None  # ready, but not every replica serves: which, and why
+    replicas: list[ReplicaStatus] = []
     ready: bool
     problems: list[str]  # why not ready
     attention: list[str] = []  # what needs a person although ocrd serves (blocked files)

@@ -49,6 +49,19 @@ def format_status(report: StatusReport) -> str:
     ]
     lines += [f"  problem: {problem}" for problem in report.problems]
     lines += [f"  attention: {line}" for line in report.attention]
+    if report.degraded:
+        lines.append(f"  degraded: {report.degraded}")
+    if len(report.replicas) > 1 or report.degraded:
+        lines.append(f"engine replicas: {report.engine_summary}")
+        for replica in report.replicas:
+            device = f" on {replica.device}" if replica.device else ""
+            check = f", self-check {replica.self_check}" if replica.self_check else ""
+            problem = f": {replica.problem}" if replica.problem else ""
+            lines.append(
+                f"  {replica.name}{device} {replica.state}, {replica.in_flight}/"
+                f"{replica.capacity} in flight, {replica.pages_done} done, "
+                f"{replica.restarts} restarts{check}{problem}"
+            )
     for inbox in report.inboxes:
         watching = "" if inbox.watching else " (not watched)"
         lines.append(f"inbox {inbox.path}{watching}: {inbox.waiting_count} waiting")

@@ -11,7 +11,14 @@ import time
 from html import escape
 from urllib.parse import quote
 
-from ocrd.status import BlockedFile, DocumentProgress, FinishedDocument, InboxStatus, StatusReport
+from ocrd.status import (
+    BlockedFile,
+    DocumentProgress,
+    FinishedDocument,
+    InboxStatus,
+    ReplicaStatus,
+    StatusReport,
+)
 
 REFRESH_SECONDS = 5
 WAITING_SHOWN = 50
@@ -145,6 +152,33 @@ def _finished(report: StatusReport, query: str) -> str:
     )
 
 
+def _replica_row(replica: ReplicaStatus, now: float) -> str:
+    state_class = "done" if replica.state == "ready" else "failed"
+    problem = escape(replica.problem) if replica.problem else ""
+    return (
+        f"<tr><td>{escape(replica.name)}</td><td>{escape(replica.device or '')}</td>"
+        f'<td class="{state_class}">{escape(replica.state)}</td>'
+        f'<td class="num">{_duration(now - replica.since) if replica.since else ""}</td>'
+        f'<td class="num">{replica.in_flight} / {replica.capacity}</td>'
+        f'<td class="num">{replica.pages_done}</td><td class="num">{replica.pages_failed}</td>'
+        f'<td class="num">{replica.restarts}</td>'
+        f"<td>{escape(replica.self_check or 'not yet')}</td><td>{problem}</td></tr>"
+    )
+
+
+def _replicas(report: StatusReport) -> str:
+    if not report.replicas:
+        return ""
+    now = time.time()
+    rows = "".join(_replica_row(replica, now) for replica in report.replicas)
+    return (
+        f"<h2>Engine replicas: {escape(report.engine_summary)}</h2>"
+        "<table><tr><th>replica</th><th>device</th><th>state</th><th>for</th>"
+        "<th>pages in flight</th><th>done</th><th>failed</th><th>restarts</th>"
+        f"<th>self-check</th><th>problem</th></tr>{rows}</table>"
+    )
+
+
 def _chart(history: list[tuple[float, float]]) -> str:
     """Pages a second, a bar a minute over the last hour, as inline SVG."""
     if not history:
@@ -173,7 +207,10 @@ def render(report: StatusReport, token: str = "") -> str:
     query = f"?token={quote(token)}" if token else ""
     state = "ready" if report.ready else "notready"
     problems = "".join(f"<li>{escape(p)}</li>" for p in report.problems)
-    attention = "".join(f"<li>{escape(line)}</li>" for line in report.attention)
+    attention = "".join(
+        f"<li>{escape(line)}</li>"
+        for line in report.attention + ([f"degraded: {report.degraded}"] if report.degraded else [])
+    )
     inboxes = "".join(
         f'<section class="inbox"><h2>Inbox {escape(inbox.path)}'
         f"{'' if inbox.watching else ' (not watched)'}</h2>"
@@ -195,6 +232,7 @@ def render(report: StatusReport, token: str = "") -> str:
 {f'<ul class="problems">{problems}</ul>' if problems else ""}
 {f'<ul class="attention">{attention}</ul>' if attention else ""}
 {inboxes}
+{_replicas(report)}
 <h2>Throughput</h2>{_chart(report.history)}
 <h2>Finished lately</h2>{_finished(report, query)}
 <p class="muted">This page refreshes itself every {REFRESH_SECONDS} s.

@@ -65,33 +65,50 @@ class Supervisor:
         self.pulse = LoopPulse()
         self.log = get_logger()
         self._state = EngineState.loading
+        self._degraded: str | None = None
         self._last_watchdog = 0.0
 
     @asynccontextmanager
-    async def loading(self, kind: str) -> AsyncIterator[None]:
+    async def loading(self, engine: Engine, kind: str) -> AsyncIterator[None]:
         """While a model loads, ask systemd for more time again and again, so that no
-        fixed start timeout has to cover the slowest first download."""
-        self.notifier.status(f"loading the {kind} engine")
+        fixed start timeout has to cover the slowest first download; STATUS says how many
+        replicas are loading, at once when one of them changes."""
         started = time.monotonic()
+        loaded = asyncio.Event()
+
+        def ask(_: object = None) -> None:
+            if loaded.is_set():
+                return  # loaded: a replica's later changes are the service's to report
+            elapsed = round(time.monotonic() - started)
+            self.notifier.extend_timeout(
+                START_TIMEOUT_EXTENSION_SECONDS,
+                f"loading the {kind} engine ({engine.summary}), {elapsed} s so far",
+            )
 
         async def keep_asking() -> None:
             while True:
-                elapsed = round(time.monotonic() - started)
-                self.notifier.extend_timeout(
-                    START_TIMEOUT_EXTENSION_SECONDS,
-                    f"loading the {kind} engine, {elapsed} s so far",
-                )
+                ask()
                 await asyncio.sleep(START_TIMEOUT_RESEND_SECONDS)
 
+        engine.subscribe(ask)
         asking = asyncio.create_task(keep_asking())
         try:
             yield
         finally:
+            loaded.set()
             asking.cancel()
-        self.log.info("engine.ready", engine=kind, seconds=round(time.monotonic() - started, 1))
+        self.log.info(
+            "engine.ready", engine=kind, seconds=round(time.monotonic() - started, 1),
+            replicas=engine.summary,
+        )  # fmt: skip
 
     def watch(self, engine: Engine) -> bool:
-        """Log the engine's changes of state; true if it changed."""
+        """Log the engine's changes of state and of its serving replicas; true if either
+        changed."""
+        degraded = self._watch_degraded(engine)
+        return self._watch_state(engine) or degraded
+
+    def _watch_state(self, engine: Engine) -> bool:
         health = engine.health
         if health.state is self._state:
             return False
@@ -104,8 +121,27 @@ class Supervisor:
                 action="files wait in the inbox and claimed pages wait; nothing fails; "
                 "ocrd probes the servers and resumes by itself",
             )
+        elif health.state is EngineState.garbled:
+            self.log.error(
+                "engine.garbled",
+                error=health.problem,
+                action="no page is sent to it: files wait in the inbox; ocrd asks the "
+                "replicas to read its test page again now and then",
+            )
         elif health.state is EngineState.ready and previous is EngineState.unreachable:
             self.log.info("engine.reachable", outage_seconds=round(time.time() - health.since))
+        return True
+
+    def _watch_degraded(self, engine: Engine) -> bool:
+        """Log when the engine starts or stops serving with fewer replicas than it has."""
+        degraded = engine.health.degraded
+        if degraded == self._degraded:
+            return False
+        self._degraded = degraded
+        if degraded:
+            self.log.warning("engine.degraded", replicas=engine.summary, problem=degraded)
+        else:
+            self.log.info("engine.whole", replicas=engine.summary)
         return True
 
     async def check(self, engine: Engine) -> None:
@@ -140,6 +176,8 @@ class Supervisor:
                 f"INFERENCE FLEET UNREACHABLE since {clock(health.since)}, retrying: "
                 f"{health.problem}"
             ]
+        if health.state is EngineState.garbled:
+            return [f"ENGINE OUTPUT GARBLED: {health.problem}"]
         if health.state is EngineState.dead:
             return [f"the engine died: {health.problem}"]
         return []

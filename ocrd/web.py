@@ -258,7 +258,8 @@ class WebServer:
         )  # fmt: skip
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+        body = await self.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def healthz(self, request: web.Request) -> web.Response:
         liveness = self.liveness()

@@ -8,7 +8,13 @@ with text in the shape of DeepSeek-OCR-2's grounding output, and can be switched
 - `stop()`: in-flight requests are dropped without an answer, new connections refused;
 - `start()`: serving again on the same port;
 - `refuse_pages = True`: every page is answered `400 Bad Request`;
-- `api_key`: requests without `Authorization: Bearer <key>` get `401`.
+- `api_key`: requests without `Authorization: Bearer <key>` get `401`;
+- `garbled = True`: ocrd's self-check page is answered with noise (as vLLM 0.19 answers
+  DeepSeek-OCR-2); otherwise the stand-in "reads" it by answering the text ocrd drew on it
+  (it knows the self-check request by its request id, not by its pixels);
+- `crash_on_marked_pages = True`: a page whose top-left corner is magenta makes the server
+  go away (in-flight requests dropped, as a crashing server's are) and come back a moment
+  later, as a server under a supervisor would.
 
 It is named a stand-in everywhere it is used: it reads nothing on the page.
 """
@@ -17,12 +23,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from PIL import Image
 
 
 def free_port() -> int:
@@ -37,6 +46,10 @@ class StandInFleetServer:
         self.delay = delay
         self.api_key = api_key
         self.refuse_pages = False
+        self.garbled = False
+        self.crash_on_marked_pages = False
+        self.crashes = 0
+        self.self_checks = 0
         self.answered = 0
         self.dropped = 0
         self._server: ThreadingHTTPServer | None = None
@@ -66,6 +79,14 @@ class StandInFleetServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if not fleet._authorised(self):
                     return self._json(401, {"error": "invalid api key"})
+                if self.headers.get("X-Request-Id", "").startswith("ocrd-self-check"):
+                    with fleet._lock:
+                        fleet.self_checks += 1
+                    return self._json(200, fleet._self_check_answer())
+                if fleet.crash_on_marked_pages and _marked(body):
+                    with fleet._lock:
+                        fleet.crashes += 1
+                    threading.Thread(target=fleet._crash_and_return, daemon=True).start()
                 time.sleep(fleet.delay)
                 if fleet._generation != generation or fleet._server is None:
                     with fleet._lock:
@@ -100,6 +121,20 @@ class StandInFleetServer:
             server.shutdown()
             server.server_close()
 
+    def _crash_and_return(self) -> None:
+        self.stop()
+        time.sleep(1.0)  # down long enough for ocrd's probe to find it gone
+        self.start()
+
+    def _self_check_answer(self) -> dict[str, Any]:
+        from ocrd.engines.selfcheck import expected_text
+
+        text = "l l l l ,,,, 0 0 0 ::" * 20 if self.garbled else expected_text()
+        return {
+            "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 257, "completion_tokens": 120},
+        }
+
     def _authorised(self, handler: BaseHTTPRequestHandler) -> bool:
         return self.api_key is None or handler.headers.get("Authorization") == (
             f"Bearer {self.api_key}"
@@ -118,3 +153,11 @@ class StandInFleetServer:
             "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 257, "completion_tokens": 40},
         }
+
+
+def _marked(body: dict[str, Any]) -> bool:
+    from ocrd.engines.simulated_server import marked
+
+    content = body["messages"][0]["content"]
+    url = next(part["image_url"]["url"] for part in content if part["type"] == "image_url")
+    return marked(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))))

@@ -137,6 +137,7 @@ def test_ocrd_run_feeds_a_fleet_and_skips_a_dead_server(
                 "inboxes": [{"path": "data/inbox", "settle_seconds": 0.5, "max_image_side": 768}],
                 "engine": {
                     "kind": "openai",
+                    "self_check": False,  # random weights cannot read ocrd's test page
                     "sampling": {"max_tokens": 16},
                     "openai": {
                         "base_urls": [dead, server],

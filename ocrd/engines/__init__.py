@@ -6,7 +6,19 @@ import importlib.util
 from dataclasses import dataclass
 
 from ocrd.config import EngineConfig
-from ocrd.engines.base import Engine, EngineDeadError, EngineError, EngineHealth, EngineState
+from ocrd.engines.base import (
+    Engine,
+    EngineDeadError,
+    EngineError,
+    EngineHealth,
+    EngineStartError,
+    EngineState,
+    PageCrashedError,
+    ReplicaFacts,
+    ReplicaState,
+    SelfCheckResult,
+)
+from ocrd.log import get_logger
 
 __all__ = [
     "Engine",
@@ -14,7 +26,12 @@ __all__ = [
     "EngineDeadError",
     "EngineError",
     "EngineHealth",
+    "EngineStartError",
     "EngineState",
+    "PageCrashedError",
+    "ReplicaFacts",
+    "ReplicaState",
+    "SelfCheckResult",
     "create_engine",
 ]
 
@@ -45,20 +62,49 @@ def choose_engine(config: EngineConfig) -> EngineChoice:
 
 
 def create_engine(config: EngineConfig, kind: str) -> Engine:
+    """The engine of `kind`. vLLM: one `vllm serve` replica per GPU (or per listed device
+    group), or, where `gpus: auto` finds no CUDA GPU, one engine in the daemon's process.
+    Simulated: in the daemon's process, or `simulated.replicas` replica processes."""
+    self_check = config.self_check_for(kind)
     if kind == "vllm":
-        from ocrd.engines.vllm import VllmEngine
-
-        return VllmEngine(config.vllm, config.sampling)
+        return _vllm_engine(config, self_check)
     if kind == "openai":
         from ocrd.engines.openai import OpenAiEngine
 
-        return OpenAiEngine(config.openai, config.sampling)
+        return OpenAiEngine(config.openai, config.sampling, self_check)
     if kind == "rapidocr":
         from ocrd.engines.rapidocr import RapidOcrEngine
 
         return RapidOcrEngine(config.rapidocr)
     if kind == "simulated":
+        if config.simulated.replicas > 0:
+            from ocrd.engines.replicas import simulated_replicas
+
+            return simulated_replicas(config)
         from ocrd.engines.simulated import SimulatedEngine
 
         return SimulatedEngine(config.simulated)
     raise ValueError(f"unknown engine {kind!r}")
+
+
+def _vllm_engine(config: EngineConfig, self_check: bool) -> Engine:
+    from ocrd.engines.replicas import device_groups, visible_gpus, vllm_replicas
+
+    visible = visible_gpus()
+    if config.vllm.gpus == "auto" and not visible:
+        from ocrd.engines.vllm import VllmEngine
+
+        get_logger().info(
+            "engine.vllm_in_process",
+            reason="no CUDA GPU is visible: one engine inside the daemon's process "
+            "(vLLM's CPU backend); list engine.vllm.gpus for replica processes",
+        )
+        return VllmEngine(config.vllm, config.sampling, self_check)
+    groups = device_groups(config.vllm, visible)
+    get_logger().info(
+        "engine.vllm_replicas",
+        replicas=[",".join(group) for group in groups],
+        visible_gpus=visible,
+        tensor_parallel_size=config.vllm.tensor_parallel_size,
+    )
+    return vllm_replicas(config, groups, cpu_only=not visible)

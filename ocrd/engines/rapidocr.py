@@ -16,7 +16,7 @@ import numpy as np
 
 from ocrd.config import PromptMode, RapidOcrConfig
 from ocrd.domain import PageImage, PageText
-from ocrd.engines.base import EngineError, EngineHealth, EngineState
+from ocrd.engines.base import EngineError, EngineHealth, EngineState, InProcess
 from ocrd.engines.slots import PrioritySlots
 from ocrd.grounding import Block, Box
 from ocrd.lines import TextLine, lines_to_markdown
@@ -31,7 +31,7 @@ def _to_lines(boxes: Any, texts: Sequence[str]) -> list[TextLine]:
     return result
 
 
-class RapidOcrEngine:
+class RapidOcrEngine(InProcess):
     name = "rapidocr"
 
     def __init__(self, config: RapidOcrConfig) -> None:
@@ -80,7 +80,16 @@ class RapidOcrEngine:
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         loop = asyncio.get_running_loop()
         async with self.slots.slot(priority):
-            return await loop.run_in_executor(self._executor, self._recognise_sync, page)
+            self._in_flight += 1
+            try:
+                text = await loop.run_in_executor(self._executor, self._recognise_sync, page)
+            except EngineError:
+                self._failed += 1
+                raise
+            finally:
+                self._in_flight -= 1
+        self._done += 1
+        return text
 
     async def check_health(self) -> None:
         return None

@@ -21,7 +21,7 @@ from PIL import Image
 
 from ocrd.config import PromptMode, SimulatedConfig
 from ocrd.domain import PageImage, PageText
-from ocrd.engines.base import EngineDeadError, EngineHealth, EngineState
+from ocrd.engines.base import EngineDeadError, EngineHealth, EngineState, InProcess
 from ocrd.engines.slots import PrioritySlots
 
 
@@ -32,7 +32,7 @@ def fingerprint(image: Image.Image) -> str:
     return hashlib.sha256(sample.tobytes()).hexdigest()[:16]
 
 
-class SimulatedEngine:
+class SimulatedEngine(InProcess):
     name = "simulated"
 
     def __init__(self, config: SimulatedConfig) -> None:
@@ -56,12 +56,17 @@ class SimulatedEngine:
         fatal = self._is_fatal(page)
         del page
         async with self.slots.slot(priority):
-            if fatal:
-                await asyncio.sleep(self.config.seconds_per_page / 2)
-                self.health.set(EngineState.dead, f"page {number} crashed it")
-            self._raise_if_dead(number)  # it died with this page in it
-            await asyncio.sleep(self.config.seconds_per_page)
-            self._raise_if_dead(number)
+            self._in_flight += 1
+            try:
+                if fatal:
+                    await asyncio.sleep(self.config.seconds_per_page / 2)
+                    self.health.set(EngineState.dead, f"page {number} crashed it")
+                self._raise_if_dead(number)  # it died with this page in it
+                await asyncio.sleep(self.config.seconds_per_page)
+                self._raise_if_dead(number)
+            finally:
+                self._in_flight -= 1
+        self._done += 1
         unfinished = (
             mode is PromptMode.layout
             and self.config.unfinished_every > 0

@@ -22,21 +22,35 @@ from PIL import Image
 
 from ocrd.config import PromptMode, SamplingConfig, VllmConfig
 from ocrd.domain import PageImage, PageText
-from ocrd.engines.base import EngineDeadError, EngineError, EngineHealth, EngineState
+from ocrd.engines import selfcheck
+from ocrd.engines.base import (
+    EngineDeadError,
+    EngineError,
+    EngineHealth,
+    EngineState,
+    InProcess,
+    SelfCheckResult,
+)
 from ocrd.engines.deepseek import END_OF_SENTENCE, PROMPTS, ngram_args
+from ocrd.engines.replicas import garbled_advice, installed_vllm_version, log_vllm_version
+from ocrd.log import get_logger
 
 
-class VllmEngine:
+class VllmEngine(InProcess):
     name = "vllm"
 
-    def __init__(self, config: VllmConfig, sampling: SamplingConfig) -> None:
+    def __init__(
+        self, config: VllmConfig, sampling: SamplingConfig, self_check: bool = False
+    ) -> None:
         self.config = config
         self.sampling = sampling
+        self.self_check = self_check
         self.health = EngineHealth()
         self._engine: Any = None
         self._params: Any = None
         self._ids = itertools.count(1)
         self._dead_errors: tuple[type[BaseException], ...] = ()
+        self._in_flight = self._done = self._failed = 0
 
     @property
     def max_concurrency(self) -> int:
@@ -70,14 +84,14 @@ class VllmEngine:
             **optional,
         )
 
-    def sampling_params(self, ngram_size: int | None = None) -> Any:
+    def sampling_params(self, ngram_size: int | None = None, max_tokens: int | None = None) -> Any:
         """The recipe's sampling settings; `ngram_size=0` switches the n-gram guard off."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
             temperature=0.0,
-            max_tokens=self.sampling.max_tokens,
+            max_tokens=max_tokens or self.sampling.max_tokens,
             skip_special_tokens=False,
             extra_args=ngram_args(self.sampling, ngram_size),
             output_kind=RequestOutputKind.FINAL_ONLY,
@@ -86,8 +100,44 @@ class VllmEngine:
     async def start(self) -> None:
         # Importing vLLM and loading the model take minutes and block: in a thread, so that
         # the event loop keeps answering /healthz and asking systemd for more time.
+        version = installed_vllm_version()
+        log_vllm_version(version)
         self._engine = await asyncio.to_thread(self._load)
-        self.health.set(EngineState.ready)
+        if self.self_check:
+            await self._read_test_page(version)
+        else:
+            self.health.set(EngineState.ready)
+
+    async def _read_test_page(self, version: str | None) -> None:
+        """Ready if the engine reads ocrd's test page; garbled (pages wait) if it does not."""
+        started = time.monotonic()
+        params = self.sampling_params(
+            max_tokens=min(selfcheck.MAX_TOKENS, self.sampling.max_tokens)
+        )
+        prompt = PROMPTS[PromptMode.layout]
+        text = (await self.generate(selfcheck.check_page(), prompt, params)).text
+        score = selfcheck.score(text)
+        self.self_check_result = SelfCheckResult(
+            passed=score.passed,
+            words_found=score.found,
+            words_expected=score.expected,
+            seconds=time.monotonic() - started,
+            at=time.time(),
+            answer=" ".join(text.split())[:200],
+            vllm_version=version,
+        )
+        log = get_logger(engine="vllm")
+        if score.passed:
+            log.info("engine.self_check_passed", words=f"{score.found}/{score.expected}")
+            self.health.set(EngineState.ready)
+            return
+        problem = (
+            f"the engine answers but its output is garbled: it read {score.found} of "
+            f"{score.expected} words of ocrd's test page (vLLM {version}). "
+            + garbled_advice(version)
+        )
+        log.error("engine.self_check_failed", error=problem, answer=text[:200])
+        self.health.set(EngineState.garbled, problem)
 
     def _load(self) -> Any:
         from vllm import AsyncEngineArgs
@@ -106,7 +156,18 @@ class VllmEngine:
             raise EngineDeadError(f"the vLLM engine died: {error}") from error
 
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
-        return await self.generate(page.image, PROMPTS[mode], self._params, page.number, priority)
+        self._in_flight += 1
+        try:
+            text = await self.generate(
+                page.image, PROMPTS[mode], self._params, page.number, priority
+            )
+        except EngineError:
+            self._failed += 1
+            raise
+        finally:
+            self._in_flight -= 1
+        self._done += 1
+        return text
 
     async def generate(
         self,

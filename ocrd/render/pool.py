@@ -10,6 +10,8 @@ megabytes through a pipe).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -145,8 +147,12 @@ class RenderWorker:
         return reply
 
     def pixels(self, number: int, page: RenderedPage) -> PageImage:
-        """The page's image, copied out of the shared buffer before the next page."""
-        if page.payload is None:
+        """The page's image: its file, opened (PIL reads the header, the engine sends the
+        file itself), or copied out of the shared buffer before the next page."""
+        image: Image.Image
+        if page.file is not None:
+            image = Image.open(page.file, formats=("PPM",))
+        elif page.payload is None:
             assert self._buffer is not None
             with memoryview(self._buffer)[: page.size] as pixels:
                 image = Image.frombytes("RGB", (page.width, page.height), pixels)
@@ -209,6 +215,11 @@ class RenderWorker:
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self.ensure_started)
 
+    def forget(self, path: Path) -> None:
+        """Remove a page file the child was asked to write, once it is done with the request
+        (it may still write the file after the task that asked was cancelled)."""
+        self._thread.submit(_remove_quietly, path)
+
     def kill(self) -> None:
         """Stop the child now (from the event loop); its thread cleans up before the next."""
         self.open.clear()
@@ -230,8 +241,18 @@ class RenderPool:
     that comes, preferring a worker that already has that request's file open.
     """
 
-    def __init__(self, size: int, limits: RenderLimits, buffer_bytes: int = 2048 * 2048 * 3):
+    def __init__(
+        self,
+        size: int,
+        limits: RenderLimits,
+        buffer_bytes: int = 2048 * 2048 * 3,
+        page_folder: Path | None = None,
+    ):
+        """With `page_folder` (where the engine reads pages from files) pages are rendered
+        into files there, and the daemon's process never copies their pixels."""
         self.limits = limits
+        self.page_folder = page_folder
+        self._page_numbers = itertools.count(1)
         self._workers = [RenderWorker(limits, buffer_bytes) for _ in range(size)]
         self._idle: list[RenderWorker] = list(self._workers)
         self._line: WaitingLine[RenderWorker, None] = WaitingLine(
@@ -279,12 +300,27 @@ class RenderPool:
     async def render(
         self, source: SourceFile, number: int, separators: SeparatorRules | None = None
     ) -> PageImage:
-        """Page `number` of the file; with `separators`, also whether it separates."""
+        """Page `number` of the file; with `separators`, also whether it separates. A page
+        rendered into a file that is not handed to the engine must be `discard`ed."""
+        file = None
+        if self.page_folder is not None:
+            file = self.page_folder / f"render-{os.getpid()}-{next(self._page_numbers)}.ppm"
+        request = RenderPage(source.key, number, separators, file)
         async with self._worker(source) as worker:
-            page = await worker.request(
-                RenderPage(source.key, number, separators), RenderedPage, f"page {number}"
-            )
+            try:
+                page = await worker.request(request, RenderedPage, f"page {number}")
+            except BaseException:
+                if file is not None:
+                    worker.forget(file)
+                raise
             return worker.pixels(number, page)
+
+    def discard(self, page: PageImage | None) -> None:
+        """A rendered page that does not go to the engine: its file (if any) is removed."""
+        name = getattr(page.image, "filename", "") if page is not None else ""
+        if page is not None and name and Path(name).parent == self.page_folder:
+            page.image.close()
+            _remove_quietly(Path(name))
 
     async def text_layer(
         self, source: SourceFile, number: int, running_lines: bool = True
@@ -324,3 +360,8 @@ class RenderPool:
     def shutdown(self) -> None:
         for worker in self._workers:
             worker.shutdown()
+
+
+def _remove_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()

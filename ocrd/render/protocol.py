@@ -66,6 +66,9 @@ class RenderPage:
     source: SourceKey
     page: int  # 1-based, within the file
     separators: SeparatorRules | None = None  # also tell whether it is a separator sheet
+    # Also write the pixels there as a PPM file, for an engine that reads pages from files
+    # (local replicas): the daemon then never copies them.
+    page_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,8 @@ class Opened:
 
 @dataclass(frozen=True)
 class RenderedPage:
-    """A page's pixels are in the shared buffer (`payload` None) or, if they did not fit,
-    in `payload`; with the page's size in points and whether it is blank."""
+    """A page's pixels are in `file`, or in the shared buffer (`payload` None) or, if they
+    did not fit, in `payload`; with the page's size in points and whether it is blank."""
 
     width: int
     height: int
@@ -132,6 +135,7 @@ class RenderedPage:
     height_pt: float
     blank: bool
     separator: SeparatorMark | None = None  # where RenderPage asked
+    file: Path | None = None  # the pixels as a PPM file, where RenderPage asked and it worked
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing.connection
+import os
 import resource
 import signal
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 
 from ocrd.domain import InputFormat, TextLayer
@@ -29,6 +31,7 @@ from ocrd.render.protocol import (
     Ping,
     ReadTextLayer,
     Ready,
+    RenderedPage,
     RenderLimits,
     RenderPage,
     Reply,
@@ -70,8 +73,9 @@ class _Worker:
                 return Ready()
             case Open(source=key):
                 return Opened(self.source(key).page_count)
-            case RenderPage(source=key, page=page, separators=separators):
-                return self.source(key).render(page, self.buffer, separators)
+            case RenderPage(source=key, page=page, separators=separators, page_file=file):
+                rendered = self.source(key).render(page, self.buffer, separators)
+                return rendered if file is None else self.write_page_file(rendered, file)
             case ReadTextLayer(source=key, page=page, running_lines=running_lines):
                 source = self.source(key)
                 if not isinstance(source, PdfSource):
@@ -84,6 +88,27 @@ class _Worker:
             case WriteSearchablePdf():
                 return PdfWritten(self.searchable_pdf(request))
         raise TypeError(f"not a render request: {request!r}")
+
+    def write_page_file(self, page: RenderedPage, path: Path) -> RenderedPage:
+        """The page's pixels written to `path` as a PPM file; where that fails (a full
+        tmpfs), they stay where they are and travel as before."""
+        header = f"P6\n{page.width} {page.height}\n255\n".encode()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return page
+        try:
+            with open(fd, "wb") as out:
+                out.write(header)
+                if page.payload is not None:
+                    out.write(page.payload)
+                else:
+                    with memoryview(self.buffer)[: page.size] as pixels:
+                        out.write(pixels)
+        except OSError:
+            path.unlink(missing_ok=True)
+            return page
+        return replace(page, payload=None, file=path)
 
     @staticmethod
     def searchable_pdf(request: WriteSearchablePdf) -> SearchablePdfResult:

@@ -1,0 +1,146 @@
+"""ocrd's HTTP connection to one OpenAI-compatible server (`vllm serve`, or ocrd's simulated
+replica), over TCP or a Unix socket.
+
+aiohttp rather than httpx: on the daemon's one core it costs about 0.13 ms of CPU a request
+against httpx's 0.7 ms (benchmarks/replicas.py --transport). Failures are sorted into what
+the router needs to know: the server could not be reached at all (the page never left),
+the connection broke or timed out with the page in flight, or the server answered with an
+HTTP status.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+PROBE_TIMEOUT_SECONDS = 10.0
+# Below uvicorn's keep-alive (vLLM's default 5 s), so that ocrd never sends a page on a
+# connection the server has just closed (which would look like a drop with the page in it).
+KEEPALIVE_SECONDS = 4.0
+
+
+class LinkError(Exception):
+    """A request to the server did not get an answer."""
+
+
+class Unreachable(LinkError):
+    """No connection could be made: the page never reached the server."""
+
+
+class Dropped(LinkError):
+    """The connection broke, or no answer came in time, with the request in flight."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    @functools.cached_property
+    def data(self) -> dict[str, Any] | None:
+        """The body as a JSON object; None if it is not one."""
+        try:
+            data = json.loads(self.body)
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+
+class ServerLink:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        socket: Path | None = None,
+        connections: int = 100,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")  # ".../v1"
+        self.root = self.base_url.removesuffix("/v1")  # /health, /metrics, /version live here
+        self.api_key = api_key
+        self.socket = socket
+        self.connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def address(self) -> str:
+        return f"unix:{self.socket}" if self.socket is not None else self.base_url
+
+    def open(self) -> None:
+        if self._session is not None:
+            return
+        connector: aiohttp.BaseConnector
+        if self.socket is not None:
+            connector = aiohttp.UnixConnector(
+                path=str(self.socket), limit=self.connections, keepalive_timeout=KEEPALIVE_SECONDS
+            )
+        else:
+            connector = aiohttp.TCPConnector(
+                limit=self.connections, keepalive_timeout=KEEPALIVE_SECONDS
+            )
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._session = aiohttp.ClientSession(connector=connector, headers=headers)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def reset(self) -> None:
+        """Drop pooled connections (a restarted server is a new server)."""
+        await self.close()
+        self.open()
+
+    async def post(
+        self, path: str, body: dict[str, Any], timeout: float, request_id: str | None = None
+    ) -> Answer:
+        headers = {"X-Request-Id": request_id} if request_id else None
+        return await self._request("POST", f"{self.base_url}{path}", timeout, body, headers)
+
+    async def get(
+        self, path: str, timeout: float = PROBE_TIMEOUT_SECONDS, root: bool = False
+    ) -> Answer:
+        base = self.root if root else self.base_url
+        return await self._request("GET", f"{base}{path}", timeout)
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        timeout: float,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        if self._session is None:
+            self.open()
+        assert self._session is not None
+        try:
+            async with self._session.request(
+                method,
+                url,
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 10.0)),
+            ) as response:
+                return Answer(response.status, await response.read())
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
+            raise Unreachable(_describe(error)) from error
+        except FileNotFoundError as error:  # a Unix socket not there (yet)
+            raise Unreachable(_describe(error)) from error
+        except TimeoutError as error:
+            raise Dropped(f"no answer within {timeout:g} s") from error
+        except (aiohttp.ClientError, ConnectionError) as error:
+            raise Dropped(_describe(error)) from error
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

