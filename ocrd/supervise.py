@@ -87,9 +87,10 @@ class Supervisor:
 
         async def keep_asking() -> None:
             while True:
-                ask()
                 await asyncio.sleep(START_TIMEOUT_RESEND_SECONDS)
+                ask()
 
+        ask()
         engine.subscribe(ask)
         asking = asyncio.create_task(keep_asking())
         try:

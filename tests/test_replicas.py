@@ -15,16 +15,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pymupdf
 import pytest
-from conftest import files_under, markdown_under, write_config
+from conftest import files_under, markdown_under, wait_until, write_config
 from fleet import StandInFleetServer
 from helpers import make_pdf
 from PIL import Image
+from test_http import base_url, metric, run_ocrd_status
 
 from ocrd.backoff import Backoff
-from ocrd.config import EngineConfig, PromptMode, SamplingConfig, SupervisionConfig
+from ocrd.config import (
+    DocumentOptions,
+    EngineConfig,
+    PipelineConfig,
+    PromptMode,
+    SamplingConfig,
+    SupervisionConfig,
+)
 from ocrd.domain import PageImage, PageText
 from ocrd.engines import EngineState, PageCrashedError, ReplicaState, create_engine, selfcheck
 from ocrd.engines.keepers import ChildCommand, ProcessKeeper
@@ -32,6 +41,7 @@ from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageFiles
 from ocrd.engines.router import Replica, Router, RouterSettings, merge_metrics
 from ocrd.engines.simulated_server import MARK
+from ocrd.pipeline import Pipeline
 
 FAST_SUPERVISION = {
     "restart_backoff_seconds": 0.3,
@@ -388,6 +398,7 @@ def test_ocrd_run_with_simulated_replicas_fails_only_the_document_whose_page_kil
     }
     config = write_config(tmp_path, {"max_image_side": 768}, engine=engine)
     daemon = start_daemon(config)
+    url = base_url(daemon)
     daemon.wait_for("daemon.ready", timeout=60)
     children = [" ".join(c.cmdline()) for c in psutil.Process(daemon.process.pid).children()]
     inbox = tmp_path / "data" / "inbox"
@@ -396,6 +407,33 @@ def test_ocrd_run_with_simulated_replicas_fails_only_the_document_whose_page_kil
     marked_pdf(inbox / "poison.pdf", 3, marked_page=2)
     finished = daemon.wait_for("document.finished", timeout=120, count=5)
     assert daemon.process.poll() is None  # the daemon never exited
+
+    # What an operator sees of the replicas: the status report, the metrics, ocrd status.
+    def both_ready() -> dict[str, Any] | None:
+        report = httpx.get(f"{url}/api/status").json()
+        return report if {r["state"] for r in report["replicas"]} == {"ready"} else None
+
+    report = wait_until(both_ready, 30, "both replicas ready again")
+    replicas = {r["name"]: r for r in report["replicas"]}
+    assert sorted(replicas) == ["replica1", "replica2"] and report["ready"]
+    assert report["engine_summary"] == "2 of 2 replicas ready"
+    assert sum(r["pages_done"] for r in replicas.values()) >= 24  # the good documents' pages
+    assert sum(r["restarts"] for r in replicas.values()) >= 2  # the poison page killed two
+    assert sum(r["deaths_with_pages"] for r in replicas.values()) >= 2
+    metrics = httpx.get(f"{url}/metrics").text
+    for name in replicas:
+        assert metric(metrics, "ocrd_engine_replica_state", replica=name, state="ready") == 1
+        assert metric(metrics, "ocrd_engine_replica_capacity", replica=name) == 4
+    done = [metric(metrics, "ocrd_engine_replica_pages_total", replica=n) for n in replicas]
+    assert sum(value or 0 for value in done) >= 24
+    page = httpx.get(url).text
+    assert "Engine replicas: 2 of 2 replicas ready" in page and "replica2" in page
+    (tmp_path / "config.yaml").write_text(
+        (tmp_path / "config.yaml").read_text().replace("127.0.0.1:0", url[len("http://"):])
+    )
+    status = run_ocrd_status(config)
+    assert "engine replicas: 2 of 2 replicas ready" in status.stdout, status.stdout
+    assert "  replica1 ready, 0/4 in flight" in status.stdout
     assert daemon.stop() == 0
 
     assert sum("ocrd.engines.simulated_server --replica 1" in c for c in children) == 1
@@ -456,10 +494,27 @@ def test_files_wait_in_the_inbox_while_every_fleet_server_writes_garbage(
         inbox = tmp_path / "data" / "inbox"
         make_pdf(inbox / "waiting.pdf", 2)
         daemon = start_daemon(config)
+        url = base_url(daemon)
         daemon.wait_for("engine.self_check_failed", timeout=60)
         daemon.wait_for("daemon.ready", timeout=60)
+        [garbled] = daemon.wait_for("engine.garbled", timeout=30)
         time.sleep(3)  # several main-loop ticks: nothing is claimed
         assert not daemon.find("document.claimed")
+        ready = httpx.get(f"{url}/readyz")
+        assert ready.status_code == 503 and ready.json()["engine_state"] == "garbled"
+        [problem] = ready.json()["problems"]
+        assert problem.startswith("ENGINE OUTPUT GARBLED: ") and "output is garbled" in problem
+        assert "0.16 to 0.18" in problem and "files wait in the inbox" in problem
+        assert "output is garbled" in garbled["error"]
+        report = httpx.get(f"{url}/api/status").json()
+        [replica] = report["replicas"]
+        assert replica["state"] == "garbled" and not replica["self_check_passed"]
+        assert replica["self_check"].startswith("read ") and "words" in replica["self_check"]
+        metrics = httpx.get(f"{url}/metrics").text
+        server = replica["name"]
+        assert metric(metrics, "ocrd_engine_replica_self_check_passed", replica=server) == 0
+        assert metric(metrics, "ocrd_engine_state", state="garbled") == 1
+        assert "ENGINE OUTPUT GARBLED" in httpx.get(url).text
         assert daemon.stop() == 0
     finally:
         fleet.stop()
@@ -583,3 +638,54 @@ def test_a_garbled_server_that_gets_fixed_is_asked_again_and_then_gets_pages(
         fleet.stop()
     assert before is EngineState.garbled and after is EngineState.ready
     assert text.finish_reason == "stop" and checks >= 2
+
+
+def test_pages_are_rendered_into_the_replicas_folder_and_none_is_left_behind(
+    tmp_path: Path,
+) -> None:
+    """With local replicas the render workers write each page where the replicas read it;
+    the router sends those files as they are, and pages that never reach the engine (blank
+    ones here) leave no file behind."""
+    pdf = tmp_path / "mixed.pdf"
+    document = pymupdf.open()
+    for number in range(1, 5):
+        page_ = document.new_page(width=420, height=595)
+        if number != 2:  # page 2 is blank: marked, never sent
+            page_.insert_text((40, 100), f"Page {number}", fontsize=36)
+    document.save(pdf)
+    document.close()
+
+    async def scenario() -> tuple[Any, list[Path], int, list[str]]:
+        engine = await started(simulated(2, self_check=False))
+        pipeline = Pipeline.create(engine, PipelineConfig(), 768)
+        written_here = 0
+        prepare = engine._prepare
+
+        def counting(image: Image.Image) -> Any:
+            nonlocal written_here
+            written_here += 1
+            return prepare(image)
+
+        engine._prepare = counting  # type: ignore[method-assign]
+        sent: list[str] = []
+        request_body = engine.request_body
+
+        def recording(url: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            sent.append(url)
+            return request_body(url, *args, **kwargs)
+
+        engine.request_body = recording  # type: ignore[method-assign]
+        try:
+            result = await pipeline.convert(pdf, DocumentOptions(), tmp_path / "scratch")
+            assert engine.page_folder is not None
+            left = sorted(engine.page_folder.iterdir())
+        finally:
+            pipeline.renderers.shutdown()
+            await engine.stop()
+        return result, left, written_here, sent
+
+    result, left, written_here, sent = run(scenario())
+    assert [p.source.value for p in result.pages] == ["engine", "blank", "engine", "engine"]
+    assert left == []  # every page file removed: the sent ones after their answer
+    assert written_here == 0  # no page was copied into a file by the daemon's process
+    assert len(sent) == 3 and all(url.startswith("file://") and "render-" in url for url in sent)
