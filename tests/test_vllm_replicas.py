@@ -18,11 +18,11 @@ from conftest import files_under, markdown_under
 from helpers import make_pdf
 from tiny_model import vllm_engine_section
 
-from ocrd.config import EngineConfig, PromptMode
-from ocrd.domain import PageImage, PageText, RenderSettings
+from ocrd.config import EngineConfig, PromptMode, RenderSettings
+from ocrd.domain import PageImage, PageText
 from ocrd.engines import EngineState, ReplicaState, create_engine
 from ocrd.engines.router import Router
-from ocrd.render import Document, RenderLimits, RenderPool, detect_format
+from ocrd.render import RenderLimits, RenderPool, SourceFile, detect_format
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -56,12 +56,13 @@ def running(tiny_model: Path) -> Iterator[Running]:
     running.loop.close()
 
 
-def rendered_document(folder: Path, pages: int) -> list[PageImage]:
+def rendered_document(engine: Router, folder: Path, pages: int) -> list[PageImage]:
+    """Pages rendered as the daemon renders them: into files in the replicas' page folder."""
     path = make_pdf(folder / "document.pdf", pages)
 
     async def render() -> list[PageImage]:
-        pool = RenderPool(1, RenderLimits())
-        document = Document(path, detect_format(path), RenderSettings(dpi=144, max_image_side=768))
+        pool = RenderPool(1, RenderLimits(), page_folder=engine.page_folder)
+        document = SourceFile(path, detect_format(path), RenderSettings(144, 768))
         try:
             count = await pool.open(document)
             return [await pool.render(document, n) for n in range(1, count + 1)]
@@ -120,7 +121,7 @@ def test_a_documents_pages_spread_over_two_vllm_replicas(running: Running, tmp_p
         environment = psutil.Process(replica.pid).environ()
         assert environment["CUDA_VISIBLE_DEVICES"] == replica.device
         assert environment["VLLM_CPU_OMP_THREADS_BIND"] == replica.device
-    pages = rendered_document(tmp_path, 4)
+    pages = rendered_document(engine, tmp_path, 4)
     before = [f.pages_done for f in facts]
 
     async def recognise_all() -> list[PageText]:
@@ -142,7 +143,7 @@ def test_a_vllm_replica_killed_mid_run_is_restarted_and_no_page_fails(
     victim = engine.replicas[0]
     assert victim.pid is not None
     group = [victim.pid, *(c.pid for c in psutil.Process(victim.pid).children(recursive=True))]
-    pages = rendered_document(tmp_path, 6)
+    pages = rendered_document(engine, tmp_path, 6)
 
     async def scenario() -> list[Any]:
         async def kill_when_busy() -> None:
