@@ -9,7 +9,6 @@ so a reader who sees the Markdown finds everything it links to.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -23,6 +22,7 @@ from ocrd.files import (
     fsync_dir,
     link_or_copy,
     numbered,
+    rename_checked,
     replace_file,
     temporary_path,
     write_new_file,
@@ -179,7 +179,7 @@ def _place_figures(result: DocumentResult, assets: Path) -> None:
         for path in figures:
             link_or_copy(path, staging / path.name)
         fsync_dir(staging)
-        os.rename(staging, assets)
+        rename_checked(staging, assets)  # a network share's retried rename is no failure
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # a full disk must not fill up further
         raise
