@@ -235,9 +235,14 @@ def _durable_temporary(folder: Path, data: bytes, make_folder: bool = True) -> P
 
 def link_or_copy(source: Path, target: Path) -> None:
     """Give a durable file (fsynced by whoever wrote it) a second name; a copy, fsynced,
-    where the two folders are on different filesystems or links are refused."""
+    where the two folders are on different filesystems or links are refused. A link whose
+    reply said "file exists" although it was made (a retried request) counts as done."""
+    before = identity(source)
     try:
         os.link(source, target)
+    except FileExistsError:
+        if not _happened(before, target):
+            raise
     except OSError as error:
         if error.errno not in (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
             raise

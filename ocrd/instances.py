@@ -51,8 +51,8 @@ from ocrd.log import get_logger
 from ocrd.status import InstanceStatus
 
 HOLD_SHARE = 0.5  # of a lease: how long a daemon writes for its claims after a renewal
-# A daemon takes nothing over in its first seconds: another host starting at the same
-# moment takes its own claims back first.
+# A daemon takes nothing over in its first seconds (this, or a lease if that is shorter):
+# another host starting at the same moment takes its own claims back first.
 TAKEOVER_GRACE_SECONDS = 10.0
 
 
@@ -185,7 +185,8 @@ class Instances:
     def serving(self) -> None:
         """Start taking over the claims of daemons that died (after a short grace)."""
         if self.take_over_from is None:
-            self.take_over_from = time.monotonic() + TAKEOVER_GRACE_SECONDS
+            grace = min(TAKEOVER_GRACE_SECONDS, self.config.lease_seconds)
+            self.take_over_from = time.monotonic() + grace
 
     async def leave(self) -> None:
         """A clean stop: leases removed, or released where claims are left."""

@@ -48,8 +48,8 @@ def _instance_line(instance: InstanceStatus) -> str:
         state = f"DOWN, {instance.taken_over_by} is taking its claims over"
     elif instance.alive:
         state = "alive"
-    else:
-        state = "DOWN" if instance.lease_age_seconds is not None else "stopped"
+    else:  # a lease that ran out (or was released), or none left: stopped or taken over
+        state = "DOWN" if instance.lease_age_seconds is not None else "gone"
     parts = [state]
     if instance.lease_age_seconds is not None:
         parts.append(f"lease {_duration(instance.lease_age_seconds)} old")

@@ -100,7 +100,8 @@ def instance_state(instance: InstanceStatus) -> str:
         return f"down: {instance.taken_over_by} is taking its claims over"
     if instance.alive:
         return "alive"
-    return "down" if instance.lease_age_seconds is not None else "stopped"
+    # a lease that ran out (or was released), or none left: stopped or taken over
+    return "down" if instance.lease_age_seconds is not None else "gone"
 
 
 def _instance_row(instance: InstanceStatus) -> str:
