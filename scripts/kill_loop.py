@@ -177,7 +177,6 @@ class Daemon:
         self.events = events
         self.ready = threading.Event()  # it announced readiness
         self.ready_at = 0.0  # monotonic
-        self.working = threading.Event()  # it started a document
         logs = config.parent / "logs"
         logs.mkdir(exist_ok=True)
         self.log = logs / f"{instance}-{self.process.pid}.jsonl"  # kept with --keep
@@ -198,8 +197,6 @@ class Daemon:
                 if event == "daemon.ready":
                     self.ready_at = time.monotonic()
                     self.ready.set()
-                elif event == "document.started":
-                    self.working.set()
 
     @property
     def alive(self) -> bool:
@@ -212,6 +209,14 @@ class Daemon:
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=120)
+
+
+def _holds_claims(folder: Path) -> bool:
+    """Whether an instance's folder holds a claim."""
+    try:
+        return any(not entry.name.startswith(".") for entry in folder.iterdir())
+    except FileNotFoundError:
+        return False
 
 
 def wait_until_one_is_ready(daemons: Iterable[Daemon], timeout: float = 120) -> None:
@@ -252,8 +257,10 @@ def shared_kill_loop(
         time.sleep(max(0.0, moment - time.monotonic()))
         last_kill = time.monotonic()
         last = kill >= kills - (daemons - 1)  # the last ones stay dead: taken over for good
-        if last:  # with documents in hand
-            running[victim].working.wait(timeout=10)
+        if last:  # with claims in hand, which the others must take over
+            deadline = time.monotonic() + 10
+            while not _holds_claims(data / "work" / victim) and time.monotonic() < deadline:
+                time.sleep(0.02)
         running[victim].kill()
         del running[victim]
         if last:

@@ -102,7 +102,7 @@ def instance(start_daemon: Callable[..., DaemonProcess]) -> Callable[[Path, str]
     return start
 
 
-@pytest.mark.parametrize(("daemons", "kills"), [(2, 14), (3, 18)])
+@pytest.mark.parametrize(("daemons", "kills"), [(2, 10), (3, 14)])
 def test_several_daemons_killed_at_random_convert_200_documents_exactly_once(
     tmp_path: Path, daemons: int, kills: int
 ) -> None:
@@ -115,7 +115,8 @@ def test_several_daemons_killed_at_random_convert_200_documents_exactly_once(
     assert result["inputs"] == result["expected_inputs"] == 205
     assert result["done"] == result["markdown"] == 202 and result["failed"] == 3  # the bad ones
     assert result["set_aside"] == 0  # a kill is no evidence against a document
-    assert result["left_dead"] and result["takeovers"] >= 1
+    assert result["left_dead"] and result["takeovers"] >= len(result["left_dead"])  # type: ignore[arg-type]
+    assert result["documents_taken_over"] >= 1  # the last ones killed held claims
 
 
 def test_a_killed_daemons_documents_are_taken_over_and_its_peer_shows_it(
