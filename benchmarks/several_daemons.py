@@ -52,6 +52,8 @@ def run_daemons(
     ]  # fmt: skip
     for daemon in daemons:
         daemon.wait_for("daemon.ready", timeout=600)
+    if len(daemons) > 1:  # each has seen the others' leases (a renewal, a ninth of a lease)
+        time.sleep((lease_seconds or 90) / 9 + 1)
     return daemons
 
 
@@ -67,10 +69,7 @@ def throughput(args: argparse.Namespace, root: Path) -> None:
             for path in documents:
                 daemons[0].drop(path)
 
-            def all_finished() -> bool:
-                return sum(len(d.find("document.finished")) for d in daemons) >= len(documents)
-
-            daemons[0].wait_until(all_finished, timeout=7200)
+            _wait_for_all(daemons, len(documents))
             last = max(e.at for d in daemons for e in d.find("document.finished"))
             seconds = last - started
         finally:
@@ -142,6 +141,14 @@ def takeover_once(folder: Path, engine: dict, lease_seconds: float, pages: int) 
         for daemon in (a, b):
             if daemon.process.poll() is None:
                 daemon.stop()
+
+
+def _finished(daemons: list[DaemonRun]) -> int:
+    return sum(len(d.find("document.finished")) for d in daemons)
+
+
+def _wait_for_all(daemons: list[DaemonRun], count: int) -> None:
+    daemons[0].wait_until(lambda: _finished(daemons) >= count, timeout=7200)
 
 
 def _done_by(daemon: DaemonRun) -> int:

@@ -8,7 +8,10 @@ its first step).
 
 Nothing of an inbox is claimed or started while this daemon does not hold its lease on the
 inbox's work area (`ocrd/instances.py`); when the lease is lost, `give_up` stops that
-inbox's documents and drops its recovered claims from the line.
+inbox's documents and drops its recovered claims from the line. Where other daemons serve
+the inbox too, a daemon claims a new file only while few of its documents wait for the
+engine: a file it claimed and could not start soon would wait for it while another daemon
+with room would already convert it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from ocrd.status import WaitingFile
 
 # Running out of descriptors or memory is the daemon's state, not the file's: try again.
 RETRY_CLAIM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})
+# Beside other daemons, documents of this one waiting for the engine (or still opening) at
+# which it claims no new file: one keeps the engine's batch full (its pages take every free
+# slot), a second lets a small file start beside a book.
+SHARED_WAITING_DOCUMENTS = 2
 
 
 class Admission:
@@ -69,6 +76,8 @@ class Dispatcher:
         self.runner = runner
         self.admission = admission
         self.on_crash = on_crash
+        # Whether other live daemons serve this inbox too (instances.Instances.shared).
+        self.shared: Callable[[Inbox], bool] = lambda _: False
         self.jobs: deque[Job] = deque()
         self.documents: dict[asyncio.Task[None], tuple[Inbox, Claim]] = {}
         self.log = get_logger()
@@ -81,9 +90,7 @@ class Dispatcher:
         document that must run alone waits for the others to finish. Jobs of an inbox whose
         lease is not held now wait (behind them, the others go on)."""
         while True:
-            index = next(
-                (i for i, job in enumerate(self.jobs) if job.inbox.work.tenure.holds()), None
-            )
+            index = next((i for i, job in enumerate(self.jobs) if self._may_start(job)), None)
             if index is None or not self.admission.admits(self.jobs[index].runs_alone):
                 return
             job = self.jobs[index]
@@ -96,6 +103,20 @@ class Dispatcher:
             self.admission.admit(task, alone)
             self.documents[task] = (job.inbox, claim)
             task.add_done_callback(self._finished)
+
+    def _may_start(self, job: Job) -> bool:
+        """Its inbox's lease held; and a new file beside other daemons only while few of this
+        one's documents wait for the engine (a claim already held is this daemon's to run)."""
+        if not job.inbox.work.tenure.holds():
+            return False
+        if job.claim is not None or not self.shared(job.inbox):
+            return True
+        return self.waiting_documents() < SHARED_WAITING_DOCUMENTS
+
+    def waiting_documents(self) -> int:
+        """Documents of this daemon still opening, or waiting for a page slot."""
+        opening = sum(1 for flight in self.runner.in_flight.values() if not flight.progress.pages)
+        return opening + self.runner.pipeline.budget.waiting
 
     async def _claim(self, job: Job) -> Claim | None:
         assert job.path is not None
@@ -133,7 +154,9 @@ class Dispatcher:
             return None
         self.intake.taken(inbox, path)
         if claim is None:
-            self.log.info("file.vanished", path=shown, reason="gone before it was claimed")
+            # beside other daemons, usually one of them took it: no news
+            log = self.log.debug if self.shared(inbox) else self.log.info
+            log("file.vanished", path=shown, reason="gone before it was claimed")
             return None
         self.log.info(
             "document.claimed",

@@ -245,6 +245,7 @@ class Instances:
         area.lease = Lease(area.work, self.config.lease_seconds)
         area.lease.renewed(began)
         area.holder, area.problem, area.failing_since = holder, None, None
+        area.survey = acquired.survey  # who else serves here, until the first renewal
         self.log.info(
             "instance.lease_acquired",
             work=str(area.work),
@@ -346,6 +347,14 @@ class Instances:
             await self.listener.claims_taken_over(area.work, taken)
 
     # --- reporting ---------------------------------------------------------------------
+
+    def shared(self, work: Path) -> bool:
+        """Whether another daemon's lease on `work` was alive at the last look."""
+        area = self.areas.get(work)
+        if area is None or area.survey is None:
+            return False
+        names = {s.entry.owner for s in area.survey.leases_of_others(self.name)}
+        return any(area.survey.alive(name, self.config.lease_seconds) for name in names)
 
     def problems(self) -> list[str]:
         return [area.problem for area in self.areas.values() if area.problem]

@@ -189,6 +189,13 @@ class Survey:
             if s.entry.owner == instance and s.entry.kind is not EntryKind.marker
         ]
 
+    def leases_of_others(self, instance: str) -> list[Seen]:
+        return [
+            s
+            for s in self.seen
+            if s.entry.owner != instance and s.entry.kind is not EntryKind.marker
+        ]
+
     def markers(self) -> list[Seen]:
         return [s for s in self.seen if s.entry.kind is EntryKind.marker]
 
@@ -228,6 +235,7 @@ class Round:
 @dataclass
 class Acquired:
     now: float  # the server's time of the new lease
+    survey: Survey  # the look taken before it
     taken_back: int  # earlier leases and markers of this instance taken back
     taken: list[TakenOver]  # takeovers an earlier run of it began, finished now
     adopted: int  # claims an older ocrd left straight in the work folder
@@ -462,7 +470,7 @@ class LeaseFolder:
         self.claims_of(self.me).mkdir(mode=0o700, exist_ok=True)
         taken = self._finish_own_takeovers(survey)
         adopted = self.adopt([self.work / name for name in survey.legacy])
-        return Acquired(now, len(own), taken, len(adopted))
+        return Acquired(now, survey, len(own), taken, len(adopted))
 
     def _finish_own_takeovers(self, survey: Survey) -> list[TakenOver]:
         """Takeovers this instance began and did not finish (a run of it died, or a move

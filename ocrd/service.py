@@ -62,6 +62,7 @@ class Service:
         self.apply_pipeline_settings()
         self.instances.listener = self
         self.instances.serves = lambda work: bool(self.intake.on_work(work))
+        self.dispatcher.shared = lambda inbox: self.instances.shared(inbox.config.work)
 
     # --- the main loop -------------------------------------------------------------------
 
