@@ -108,7 +108,7 @@ def takeover_once(folder: Path, engine: dict, lease_seconds: float, pages: int) 
         killed = time.monotonic()
         a.process.wait()
         [took] = b.wait_for("instance.took_over", timeout=lease_seconds * 3 + 60)
-        taken = {e.fields["doc"] for e in b.find("document.taken_over")}
+        taken = set(took.fields["claims"])  # a claim's folder is named by its document's id
 
         def restarted() -> list:
             return [e for e in b.find("document.started") if e.fields["doc"] in taken]
@@ -120,7 +120,7 @@ def takeover_once(folder: Path, engine: dict, lease_seconds: float, pages: int) 
             return done if len(done) == len(taken) else None
 
         finished = b.wait_until(settled, timeout=1200)
-        b.wait_until(lambda: len(b.find("document.finished")) == len(documents) - _done_by(a))
+        b.wait_until(lambda: _done_by(b) == len(documents) - _done_by(a))
         resumed = sum(
             e.fields["resumed_pages"]
             for e in b.find("document.opened")

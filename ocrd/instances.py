@@ -139,6 +139,7 @@ class Area:
     holder: Holder | None = None
     survey: Survey | None = None
     first_seen: dict[str, float] = field(default_factory=dict)
+    giving_back: dict[str, str] = field(default_factory=dict)
     taken_from: dict[str, int] = field(default_factory=dict)  # claims taken over, by owner
     lost: int = 0  # leases lost since this daemon started
     problem: str | None = None  # why the lease is not held now
@@ -280,10 +281,7 @@ class Instances:
             and self.serves(area.work)
         )
         try:
-            result = await asyncio.to_thread(
-                area.folder.upkeep, area.holder, self.config.lease_seconds, take_over,
-                area.first_seen,
-            )  # fmt: skip
+            now = await asyncio.to_thread(area.folder.renew, area.holder)
         except LeaseLost as lost:
             await self._lost(area, str(lost))
             return
@@ -291,23 +289,34 @@ class Instances:
             self.on_conflict(conflict)
             return
         except OSError as error:
-            if area.failing_since is None:
-                area.failing_since = began
-                self.log.warning(
-                    "instance.lease_renewal_failed",
-                    work=str(area.work),
-                    error=str(error),
-                    action="tried again; without a renewal for half a lease this daemon "
-                    "stops writing for its claims",
-                )
+            self._renewal_failed(area, began, error)
             return
         lease.renewed(began)
         if area.failing_since is not None:
             self.log.info("instance.lease_renewed", work=str(area.work))
             area.failing_since = None
+        try:
+            result = await asyncio.to_thread(
+                area.folder.look, now, self.config.lease_seconds, take_over, area.first_seen,
+                area.giving_back,
+            )  # fmt: skip
+        except OSError as error:
+            self.log.warning("instance.look_failed", work=str(area.work), error=str(error))
+            return
         area.survey = result.survey
         for taken in result.taken:
             await self._took_over(area, taken)
+
+    def _renewal_failed(self, area: Area, began: float, error: OSError) -> None:
+        if area.failing_since is None:
+            area.failing_since = began
+            self.log.warning(
+                "instance.lease_renewal_failed",
+                work=str(area.work),
+                error=str(error),
+                action="tried again; without a renewal for half a lease this daemon stops "
+                "writing for its claims",
+            )
 
     async def _lost(self, area: Area, reason: str) -> None:
         """The lease is gone (taken over, or run out): stop every document of its claims,

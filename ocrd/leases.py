@@ -377,10 +377,16 @@ class LeaseFolder:
 
     # --- taking over -------------------------------------------------------------------
 
-    def take(self, seen: Seen, check_unchanged: bool = True) -> Path | None:
+    def take(
+        self,
+        seen: Seen,
+        check_unchanged: bool = True,
+        giving_back: dict[str, str] | None = None,
+    ) -> Path | None:
         """Rename `seen`'s entry to a marker of ours; None if another daemon (or its owner,
-        renewing it) was quicker, or if it changed since it was judged (then it is given
-        back)."""
+        renewing it) was quicker, or if it changed since it was judged: then it is given
+        back, and where that fails it is noted in `giving_back` (marker -> lease name) to
+        be given back later (`_give_back`), never completed while its owner may write."""
         source = self.folder / seen.entry.name
         marker = self._name(seen.entry.owner, "to", self.me, secrets.token_hex(4))
         try:
@@ -399,7 +405,32 @@ class LeaseFolder:
                     return None
                 except FileExistsError:
                     pass  # its owner has a new lease: these claims are no longer its own
+                except OSError:
+                    if giving_back is None:
+                        raise
+                    giving_back[marker.name] = source.name
+                    return None
         return marker
+
+    def _give_back(self, giving_back: dict[str, str]) -> list[TakenOver]:
+        """Leases taken at the moment their owner renewed them, whose giving back failed:
+        tried again; where the owner has made a new lease meanwhile (it found its lease
+        gone, so it stopped writing), the takeover goes ahead."""
+        taken = []
+        for name, original in list(giving_back.items()):
+            marker = self.folder / name
+            try:
+                rename_new(marker, self.folder / original)
+            except FileExistsError:
+                owner = Entry.parse(name)
+                assert owner is not None
+                taken.append(TakenOver(owner.owner, self.complete(marker, owner.owner), None))
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue  # tried again at the next round
+            del giving_back[name]
+        return taken
 
     def complete(self, marker: Path, owner: str) -> list[Path]:
         """Move `owner`'s claims into our folder under the marker we hold, then remove it."""
@@ -472,23 +503,34 @@ class LeaseFolder:
         adopted = self.adopt([self.work / name for name in survey.legacy])
         return Acquired(now, survey, len(own), taken, len(adopted))
 
-    def _finish_own_takeovers(self, survey: Survey) -> list[TakenOver]:
+    def _finish_own_takeovers(
+        self, survey: Survey, giving_back: dict[str, str] | None = None
+    ) -> list[TakenOver]:
         """Takeovers this instance began and did not finish (a run of it died, or a move
-        failed): ours to finish, since we hold them and live."""
+        failed): ours to finish, since we hold them and live (not those to give back)."""
         taken = []
         for seen in survey.markers():
-            if seen.entry.holder == self.me and seen.entry.owner != self.me:
-                folders = self.complete(self.folder / seen.entry.name, seen.entry.owner)
-                taken.append(TakenOver(seen.entry.owner, folders, None))
+            entry = seen.entry
+            if entry.holder == self.me and entry.owner != self.me:
+                if giving_back is not None and entry.name in giving_back:
+                    continue
+                folders = self.complete(self.folder / entry.name, entry.owner)
+                taken.append(TakenOver(entry.owner, folders, None))
         return taken
 
-    def upkeep(
-        self, holder: Holder, lease_seconds: float, take_over: bool, first_seen: dict[str, float]
+    def look(
+        self,
+        now: float,
+        lease_seconds: float,
+        take_over: bool,
+        first_seen: dict[str, float],
+        giving_back: dict[str, str],
     ) -> Round:
-        """Renew our lease, look at the others', and (with `take_over`) take over the
-        claims of those that died. `first_seen` (entry or folder name -> server time) is
-        kept between rounds by the caller."""
-        now = self.renew(holder)
+        """After a renewal (at the server's time `now`): look at the others' leases and
+        (with `take_over`) take over the claims of those that died. `first_seen` (entry or
+        folder name -> server time) and `giving_back` are kept between rounds by the
+        caller."""
+        taken = self._give_back(giving_back)
         survey = self.survey(now)
         names = {s.entry.name for s in survey.seen} | {f"/{n}" for n in survey.claims}
         for name in list(first_seen):
@@ -496,10 +538,10 @@ class LeaseFolder:
                 del first_seen[name]
         for name in names:
             first_seen.setdefault(name, now)
-        taken = self._finish_own_takeovers(survey)
+        taken += self._finish_own_takeovers(survey, giving_back)
         if take_over:
             for seen in takeable(survey, self.me, lease_seconds, first_seen):
-                marker = self.take(seen)
+                marker = self.take(seen, giving_back=giving_back)
                 if marker is not None:
                     folders = self.complete(marker, seen.entry.owner)
                     age = None if seen.entry.kind is EntryKind.marker else seen.age(now)

@@ -4,6 +4,7 @@ modification time, which is all a lease's age is. Milliseconds each, but for the
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from mounts import network_share
 
+from ocrd import leases
 from ocrd.claim import ClaimLost, WorkArea
 from ocrd.config import InboxEntry, parse_config
 from ocrd.files import rename_checked, rename_new
@@ -26,6 +28,7 @@ from ocrd.leases import (
     LeaseConflict,
     LeaseFolder,
     LeaseLost,
+    Round,
     Waiting,
     takeable,
 )
@@ -41,6 +44,14 @@ def started(work: Path, name: str, lease: float = LEASE) -> tuple[LeaseFolder, H
     holder = Holder.here(name, lease)
     assert isinstance(folder.acquire(holder, lease), Acquired)
     return folder, holder
+
+
+def upkeep(
+    folder: LeaseFolder, holder: Holder, first_seen: dict[str, float] | None = None
+) -> Round:
+    """One renewal round of `folder`'s instance, taking over what it may."""
+    now = folder.renew(holder)
+    return folder.look(now, LEASE, True, {} if first_seen is None else first_seen, {})
 
 
 def claims(work: Path, name: str, count: int) -> list[str]:
@@ -75,10 +86,10 @@ def test_a_fresh_lease_is_never_taken_over_and_an_expired_one_is(tmp_path: Path)
     taker, taker_holder = started(tmp_path, "b")
     ids = claims(tmp_path, "a", 3)
     age(owner, LEASE - 5)
-    round_ = taker.upkeep(taker_holder, LEASE, True, {})
+    round_ = upkeep(taker, taker_holder)
     assert round_.taken == [] and sorted(os.listdir(tmp_path / "a")) == ids
     age(owner, 10)  # now LEASE + 5 s old
-    [taken] = taker.upkeep(taker_holder, LEASE, True, {}).taken
+    [taken] = upkeep(taker, taker_holder).taken
     assert taken.owner == "a" and taken.lease_age is not None and taken.lease_age > LEASE
     assert sorted(f.name for f in taken.folders) == ids == sorted(os.listdir(tmp_path / "b"))
     assert not (tmp_path / "a").exists()
@@ -93,7 +104,7 @@ def _race(work: str, name: str, start: float, results: multiprocessing.Queue) ->
     holder = Holder.here(name, LEASE)
     while time.time() < start:
         pass
-    taken = folder.upkeep(holder, LEASE, True, {}).taken
+    taken = upkeep(folder, holder).taken
     results.put((name, [str(f.name) for t in taken for f in t.folders]))
 
 
@@ -141,6 +152,32 @@ def test_a_lease_renewed_between_a_takers_look_and_its_rename_is_given_back(
     assert len(os.listdir(tmp_path / "a")) == 2
 
 
+def test_a_lease_that_cannot_be_given_back_at_once_is_given_back_later_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner, owner_holder = started(tmp_path, "a")
+    taker, taker_holder = started(tmp_path, "b")
+    claims(tmp_path, "a", 2)
+    age(owner, LEASE + 10)
+    survey = taker.survey(taker.server_time())
+    [judged] = takeable(survey, "b", LEASE, {})
+    owner.renew(owner_holder)
+
+    def failing(source: Path, target: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(leases, "rename_new", failing)
+    giving_back: dict[str, str] = {}
+    assert taker.take(judged, giving_back=giving_back) is None
+    assert list(giving_back.values()) == ["a"]
+    monkeypatch.undo()
+    now = taker.renew(taker_holder)
+    round_ = taker.look(now, LEASE, True, {}, giving_back)  # given back, not completed
+    assert round_.taken == [] and giving_back == {}
+    assert len(os.listdir(tmp_path / "a")) == 2
+    owner.renew(owner_holder)
+
+
 def test_a_released_lease_is_taken_over_at_once_and_a_removed_one_leaves_nothing(
     tmp_path: Path,
 ) -> None:
@@ -148,7 +185,7 @@ def test_a_released_lease_is_taken_over_at_once_and_a_removed_one_leaves_nothing
     taker, taker_holder = started(tmp_path, "b")
     ids = claims(tmp_path, "a", 2)
     assert owner.release(owner_holder) == 2  # a clean stop with claims left
-    [taken] = taker.upkeep(taker_holder, LEASE, True, {}).taken
+    [taken] = upkeep(taker, taker_holder).taken
     assert sorted(f.name for f in taken.folders) == ids
     assert taker.release(taker_holder) == 2  # b holds them now
     lone, lone_holder = started(tmp_path / "other", "c")
@@ -208,7 +245,7 @@ def test_an_instance_waits_while_another_takes_its_claims_and_finishes_a_dead_ta
     age(taker, LEASE + 1)  # ... and b died there: a third one finishes b's takeover
     third, third_holder = started(tmp_path, "c")
     long_ago = {marker.name: third.server_time() - LEASE - 1}
-    taken = third.upkeep(third_holder, LEASE, True, long_ago).taken
+    taken = upkeep(third, third_holder, long_ago).taken
     assert sorted(t.owner for t in taken) == ["a", "b"]
     assert len(os.listdir(tmp_path / "c")) == 3 and os.listdir(tmp_path / LEASES) == ["c"]
 
@@ -221,7 +258,7 @@ def test_a_marker_an_instance_holds_for_a_moment_at_start_is_not_taken(tmp_path:
     age(owner, 5)
     survey = owner.survey(owner.server_time())
     owner.take(survey.leases_of("a")[0], check_unchanged=False)  # a~to~a~token, no lease "a"
-    assert other.upkeep(holder, LEASE, True, {}).taken == []
+    assert upkeep(other, holder).taken == []
 
 
 def test_a_lease_holds_for_half_a_lease_after_its_renewal_began() -> None:
@@ -350,12 +387,12 @@ def test_on_a_network_share_lost_replies_count_as_done_and_polling_is_chosen(
         owner, _ = started(work, "a")
         taker, holder = started(work, "b")
         claims(work, "a", 2)
-        round_ = taker.upkeep(holder, LEASE, True, {})
+        round_ = upkeep(taker, holder)
         assert round_.taken == []  # an hour ahead on both sides: a few ms old
         assert 0 <= round_.survey.now - round_.survey.leases_of("a")[0].mtime < 5
         assert abs(round_.survey.now - time.time() - 3600) < 60
         age(owner, LEASE + 1)
-        [taken] = taker.upkeep(holder, LEASE, True, {}).taken
+        [taken] = upkeep(taker, holder).taken
         assert len(taken.folders) == 2
 
 
