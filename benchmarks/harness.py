@@ -74,6 +74,8 @@ class DaemonRun:
         lag_probe: bool = False,
         log_level: str = "info",
         http: dict[str, Any] | None = None,
+        instance: str | None = None,  # OCRD_INSTANCE: several daemons on one inbox
+        sections: dict[str, Any] | None = None,  # more of the configuration (`instances`)
     ) -> None:
         self.folder = folder
         self.inbox = folder / "data" / "inbox"
@@ -83,12 +85,17 @@ class DaemonRun:
             "engine": engine,
             "pipeline": {"status_interval_seconds": 1, **(pipeline or {})},
             **({"http": http} if http else {}),
+            **(sections or {}),
         }
+        if instance is not None:  # the same file for every daemon, each on a port of its own
+            config["http"] = {"listen": "127.0.0.1:0"}
         self.config = folder / "config.yaml"
         self.config.write_text(yaml.safe_dump(config))
         self.events: list[Event] = []
         self.lag_file = folder / "lag.jsonl"
         env = dict(os.environ)
+        if instance is not None:
+            env["OCRD_INSTANCE"] = instance
         if lag_probe:
             env["PYTHONPATH"] = str(REPO / "benchmarks" / "lagprobe")
             env["OCRD_LAG_PROBE"] = str(self.lag_file)

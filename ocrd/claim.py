@@ -14,6 +14,11 @@ started, and the settlement it planned before moving anything, so that a restart
 a half-done settlement instead of repeating it. The state is written before the originals
 are moved in, so a claim found without its original was never completed (or was settled).
 Claims left by an earlier run are taken up again at start-up.
+
+Several daemons may share a work area (`ocrd/instances.py`): each keeps its claims in a
+folder of its own and holds them under a lease (its `Tenure`). Everything that writes for
+a claim asks the tenure first; once the lease is gone, `ClaimLost` ends the work on the
+claim without writing anything, since another daemon may be finishing it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Protocol
 
 from ocrd.domain import Outcome
 from ocrd.dropped import (
@@ -111,6 +116,37 @@ class Settlement:
             release(name, owner)
 
 
+class ClaimLost(Exception):
+    """This daemon no longer holds the claim: its lease ended (the daemon was paused or cut
+    off from the share for longer than the lease allows, and another daemon may have taken
+    the claim over). Nothing more is written for it."""
+
+
+class Tenure(Protocol):
+    """The right under which a daemon holds the claims of one work area (its lease there)."""
+
+    def holds(self) -> bool:
+        """Whether the daemon still holds its claims: it may write for them."""
+        ...
+
+    def check(self) -> None:
+        """Raise ClaimLost unless the daemon still holds its claims."""
+        ...
+
+
+class Unshared:
+    """The tenure of a work area no other daemon shares (the tools, tests of one part)."""
+
+    def holds(self) -> bool:
+        return True
+
+    def check(self) -> None:
+        return None
+
+
+UNSHARED = Unshared()
+
+
 @dataclass
 class ClaimState:
     id: str
@@ -132,6 +168,7 @@ class ClaimState:
 class Claim:
     folder: Path
     state: ClaimState
+    tenure: Tenure = field(default=UNSHARED, repr=False, compare=False)
 
     @property
     def id(self) -> str:
@@ -161,8 +198,21 @@ class Claim:
         """Where the companions lie while claimed (those still there)."""
         return tuple(self.folder / relative for relative in self.state.companions)
 
+    @property
+    def held(self) -> bool:
+        """Whether this daemon still holds the claim (see `Tenure`)."""
+        return self.tenure.holds()
+
+    def check_held(self) -> None:
+        """ClaimLost unless this daemon still holds the claim: asked before every write."""
+        self.tenure.check()
+
     def save(self) -> None:
-        replace_file(self.folder / STATE_FILE, json.dumps(asdict(self.state), indent=2).encode())
+        """Write the state into the claim folder, which is never made again if it is gone
+        (another daemon took the claim over and moved it)."""
+        self.check_held()
+        data = json.dumps(asdict(self.state), indent=2).encode()
+        replace_file(self.folder / STATE_FILE, data, make_folder=False)
 
     def start_attempt(self) -> int:
         self.state.attempts += 1
@@ -184,6 +234,7 @@ class Claim:
 
     def release(self) -> None:
         """Remove the claim folder once the original has left it."""
+        self.check_held()
         shutil.rmtree(self.folder, ignore_errors=True)
         fsync_dir(self.folder.parent)
 
@@ -296,6 +347,15 @@ def _still(place: Place, entry: os.stat_result) -> None:
         raise Changed("another file took its place while it was being checked")
 
 
+def _arrived(target: Path, identity: Identity) -> bool:
+    """Whether the checked file is at `target` although its rename said "no such file" (a
+    network share's client sent the rename again after losing the first reply)."""
+    try:
+        return Identity.of(os.lstat(target)) == identity
+    except FileNotFoundError:
+        return False
+
+
 def _sync_quietly(folder: int) -> None:
     """Make a rename out of a person's folder durable where the folder lets us: one that
     refuses (its owner took our read permission) cannot undo a rename that is done."""
@@ -304,11 +364,13 @@ def _sync_quietly(folder: int) -> None:
 
 
 class WorkArea:
-    """The claim folders of one inbox."""
+    """The claim folders of one inbox that this daemon holds: `work`, the work folder
+    itself, or its instance's folder in a work area several daemons share."""
 
-    def __init__(self, inbox: Path, work: Path) -> None:
+    def __init__(self, inbox: Path, work: Path, tenure: Tenure = UNSHARED) -> None:
         self.inbox = inbox
         self.work = work
+        self.tenure = tenure  # replaced by a new lease after one was lost
 
     def claim(
         self,
@@ -322,7 +384,10 @@ class WorkArea:
         `identity` is the file that was watched settling: anything else at `path` raises
         Changed and is left where it is. NotClaimable where ocrd's user cannot move it out.
         Other OS errors (EMFILE, EIO) before the move leave nothing behind and are the
-        caller's to retry; once the entry is in the claim, the claim goes on."""
+        caller's to retry; once the entry is in the claim, the claim goes on. ClaimLost
+        while this daemon's lease on the work area is not held."""
+        tenure = self.tenure
+        tenure.check()
         with self._place(path) as place:
             entry = self._checked(place, identity) if place is not None else None
             if place is None or entry is None:
@@ -330,7 +395,7 @@ class WorkArea:
             relative = path.relative_to(self.inbox)
             claim_id = new_claim_id()
             folder = self.work / claim_id
-            self.work.mkdir(parents=True, exist_ok=True)
+            self.work.mkdir(mode=0o700, parents=True, exist_ok=True)
             folder.mkdir(mode=0o700)  # people who may read the inbox may not look in here
             state = ClaimState(
                 claim_id,
@@ -339,7 +404,7 @@ class WorkArea:
                 now_iso(),
                 companions=[str(c.relative_to(self.inbox)) for c in companions],
             )
-            claim = Claim(folder, state)
+            claim = Claim(folder, state, tenure)
             try:
                 claim.save()  # first: a claim folder without its original is known empty
                 moved = self._move_in(place, claim, claim.path, Identity.of(entry))
@@ -409,7 +474,8 @@ class WorkArea:
         try:
             os.rename(place.name, target, src_dir_fd=place.folder)
         except FileNotFoundError:
-            return False
+            if not _arrived(target, identity):  # else a network share's retried rename
+                return False
         except PermissionError as error:  # an ACL or a mount option the checks missed
             raise NotClaimable(
                 f"the system refused to move it ({error.strerror})",
@@ -432,22 +498,36 @@ class WorkArea:
         return True
 
     def recover(self) -> list[Claim]:
-        """Claims an earlier run left behind, oldest first; empty claim folders are removed."""
+        """Claims an earlier run left behind, oldest first; empty claim folders are removed.
+        Hidden names are not claims (`.nfsXXXX` files a network share keeps for a file that
+        was deleted while open, temporaries)."""
         if not self.work.is_dir():
             return []
+        folders = [
+            entry
+            for entry in self.work.iterdir()
+            if entry.is_dir() and not entry.name.startswith(".")
+        ]
         claims = []
-        for folder in sorted(entry for entry in self.work.iterdir() if entry.is_dir()):
-            claim = self._load(folder)
-            if claim is None:
-                shutil.rmtree(folder, ignore_errors=True)
-            else:
+        for folder in sorted(folders):
+            claim = self.adopt(folder)
+            if claim is not None:
                 claims.append(claim)
         return claims
+
+    def adopt(self, folder: Path) -> Claim | None:
+        """The claim in `folder` (in this work area: left by an earlier run, or just taken
+        over from another daemon), held under this area's tenure; None, and the folder
+        removed, if it holds no original (never filled, or settled)."""
+        claim = self._load(folder)
+        if claim is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        return claim
 
     def _load(self, folder: Path) -> Claim | None:
         state = self._saved_state(folder)
         if state is not None:
-            claim = Claim(folder, state)
+            claim = Claim(folder, state, self.tenure)
             if claim.path.exists() or claim.path.is_symlink():
                 return claim
             if state.settlement is not None:  # settled: the run died before tidying up
@@ -462,7 +542,8 @@ class WorkArea:
         if len(originals) != 1:
             return None  # settled (original moved out) before the folder was removed
         relative = originals[0].relative_to(folder)  # a claim of an earlier ocrd's making
-        return Claim(folder, ClaimState(folder.name, str(self.inbox), str(relative), now_iso()))
+        state = ClaimState(folder.name, str(self.inbox), str(relative), now_iso())
+        return Claim(folder, state, self.tenure)
 
     @staticmethod
     def _saved_state(folder: Path) -> ClaimState | None:

@@ -199,7 +199,9 @@ class InboxEntry(DocumentOptions):
     collate_window_seconds: Annotated[float, Field(gt=0)] = 300.0
     settle_seconds: Annotated[float, Field(ge=0)] = 5.0  # quiet this long: ready to take
     max_settle_wait_seconds: Annotated[float, Field(gt=0)] = 3600.0
-    polling: bool = False
+    # `auto`: polling where the inbox is on a network filesystem (NFS, SMB, FUSE), whose
+    # files written by other machines inotify never reports; inotify elsewhere.
+    polling: bool | Literal["auto"] = "auto"
     poll_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
     hooks: HooksConfig = HooksConfig()
     # Files may be handed over by HTTP (`POST /api/documents`): each lands in
@@ -464,6 +466,20 @@ class HttpConfig(Strict):
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
 
+class InstancesConfig(Strict):
+    """Several daemons on one shared inbox (`ocrd/instances.py`)."""
+
+    # A daemon whose lease is this old (by the shared filesystem's clock) is taken to be
+    # dead and its claims are taken over; a daemon stops writing for its claims after half
+    # of it without a successful renewal. The same on every host (the same file).
+    lease_seconds: Annotated[float, Field(ge=1)] = 90.0
+
+    @property
+    def renew_seconds(self) -> float:
+        """How often a lease is renewed (and others' are looked at): nine times a lease."""
+        return self.lease_seconds / 9
+
+
 class ConfigFile(Strict):
     """The configuration file as written."""
 
@@ -471,6 +487,7 @@ class ConfigFile(Strict):
     engine: EngineConfig = EngineConfig()
     pipeline: PipelineConfig = PipelineConfig()
     http: HttpConfig = HttpConfig()
+    instances: InstancesConfig = InstancesConfig()
 
 
 class Config(ConfigFile):
@@ -535,6 +552,7 @@ def parse_config(data: Any, base: Path, source: str = "config") -> Config:
             engine=written.engine,
             pipeline=written.pipeline,
             http=written.http,
+            instances=written.instances,
         )
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, source)) from None

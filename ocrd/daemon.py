@@ -1,13 +1,16 @@
 """The daemon's lifecycle, top to bottom: check, start the parts in order (the HTTP server
-first, so that /healthz answers while the engine loads), announce readiness, serve, and on
-the way out drain and stop the parts in reverse order, through one exit stack.
+first, so that /healthz answers while the engine loads; then its lease on every work area,
+so that no other daemon sharing an inbox takes its claims while the engine loads),
+announce readiness, serve, and on the way out drain and stop the parts in reverse order,
+through one exit stack (the leases are given up once the documents have drained).
 
 What the daemon serves with (the main loop, reloading, the status report) is
 `ocrd/service.py`; what happens to one document is `ocrd/document.py`.
 
 Exit status: 0 after SIGTERM or SIGINT; 70 when the engine died or the main loop met an
 unexpected error (systemd restarts the unit); 78 when the configuration or a folder is
-wrong (it does not: RestartPreventExitStatus=78).
+wrong, or another daemon runs under the same instance name (it does not:
+RestartPreventExitStatus=78).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from ocrd.engines import (
     create_engine,
 )
 from ocrd.hooks import Hooks
+from ocrd.instances import InstanceNameError, Instances, Stopped, instance_name
 from ocrd.intake import Intake
+from ocrd.leases import LeaseConflict
 from ocrd.log import get_logger
 from ocrd.metrics import Metrics
 from ocrd.notify import SystemdNotifier
@@ -73,6 +78,7 @@ class Daemon:
         self.report: Callable[[], StatusReport] = lambda: StatusReport.loading(__version__)
         self.uploads = Uploads(config)  # taken from the start, while the engine loads
         self.stopping = asyncio.Event()
+        self.instances: Instances  # made in `run`, where a bad instance name can exit 78
         self.exit_code = EXIT_OK
         self._reload_early = False  # a SIGHUP that came before serving started
         self._reload: Callable[[], None] = self._reload_once_serving
@@ -87,20 +93,34 @@ class Daemon:
         for warning in checks.folder_warnings(self.config):
             self.log.warning("startup.warning", reason=warning)
         try:
+            self.instances = Instances(instance_name(), self.config.instances)
+        except InstanceNameError as error:
+            self.log.error("startup.refused", reason=str(error))
+            return EXIT_CONFIG
+        self.instances.on_conflict = self.conflict
+        self.instances.on_fatal = lambda _: self.fail()
+        try:
             async with contextlib.AsyncExitStack() as parts:
                 web = await parts.enter_async_context(self.web_server())
                 await parts.enter_async_context(self.uploads.tidying())
+                await parts.enter_async_context(self.held_leases())
                 engine = await parts.enter_async_context(self.started_engine())
                 pipeline = await parts.enter_async_context(self.started_pipeline(engine))
                 parts.push_async_callback(self.hooks.stop)
                 service = await self.service(engine, pipeline, web)
                 parts.push_async_callback(service.drain)
                 self.notifier.ready(service.status_line())
-                self.log.info("daemon.ready", inboxes=[str(i.path) for i in self.config.inboxes])
+                self.log.info(
+                    "daemon.ready",
+                    inboxes=[str(i.path) for i in self.config.inboxes],
+                    instance=self.instances.name,
+                )
                 await service.serve()
-        except StartRefused as refused:
+        except (StartRefused, LeaseConflict) as refused:
             self.log.error("startup.refused", reason=str(refused))
             self.exit_code = EXIT_CONFIG
+        except Stopped:
+            pass  # asked to stop while it waited for its lease
         except EngineStartError as error:
             self.log.error(
                 "engine.start_failed", error=str(error),
@@ -130,6 +150,17 @@ class Daemon:
             yield web
         finally:
             await web.stop()
+
+    @contextlib.asynccontextmanager
+    async def held_leases(self) -> AsyncIterator[Instances]:
+        """This daemon's lease on every inbox's work area (its claims there are its own),
+        renewed in the background until it stops, then given up."""
+        try:
+            for inbox in self.config.inboxes:
+                await self.instances.join(inbox.work, self.stopping)
+            yield self.instances
+        finally:
+            await self.instances.leave()
 
     @contextlib.asynccontextmanager
     async def started_engine(self) -> AsyncIterator[Engine]:
@@ -169,11 +200,11 @@ class Daemon:
             lambda _, summary: self.metrics.document_finished(summary),
             self.hooks.document_finished,
         ]
-        intake = Intake(engine.name)
+        intake = Intake(engine.name, self.instances)
         dispatcher = Dispatcher(intake, runner, Admission(1), self.document_crashed)
         service = Service(
             self.config, self.config_path, engine, pipeline, runner, intake, dispatcher,
-            self.supervisor, self.activity, self.notifier, web, self.stopping,
+            self.supervisor, self.activity, self.notifier, web, self.stopping, self.instances,
         )  # fmt: skip
         runner.on_storage_fault += [self.metrics.storage_fault, service.report_status]
         self.uploads.follow(runner)
@@ -220,6 +251,12 @@ class Daemon:
     def fail(self) -> None:
         """End the daemon with exit status 70, for systemd to restart it."""
         self.exit_code = EXIT_FATAL
+        self.stopping.set()
+
+    def conflict(self, error: LeaseConflict) -> None:
+        """Another daemon runs under this instance's name: end with 78 (not restarted)."""
+        self.log.error("instance.conflict", reason=str(error), action="stopping")
+        self.exit_code = EXIT_CONFIG
         self.stopping.set()
 
     def document_crashed(self, error: BaseException) -> None:

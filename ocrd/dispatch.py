@@ -5,6 +5,13 @@ as documents while there is room.
 engine crash (`crashes.py`) runs alone, with nothing beside it. A document's place is given
 back in its task's done-callback, which runs on every path (done, failed, cancelled before
 its first step).
+
+Nothing of an inbox is claimed or started while this daemon does not hold its lease on the
+inbox's work area (`ocrd/instances.py`); when the lease is lost, `give_up` stops that
+inbox's documents and drops its recovered claims from the line. Where other daemons serve
+the inbox too, a daemon claims a new file only while few of its documents wait for the
+engine: a file it claimed and could not start soon would wait for it while another daemon
+with room would already convert it.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import asyncio
 import errno
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
-from ocrd.claim import Changed, Claim, NotClaimable
+from ocrd.claim import Changed, Claim, ClaimLost, NotClaimable
 from ocrd.document import DocumentRunner
 from ocrd.dropped import printable
 from ocrd.intake import Inbox, Intake, Job
@@ -23,6 +31,10 @@ from ocrd.status import WaitingFile
 
 # Running out of descriptors or memory is the daemon's state, not the file's: try again.
 RETRY_CLAIM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})
+# Beside other daemons, documents of this one waiting for the engine (or still opening) at
+# which it claims no new file: one keeps the engine's batch full (its pages take every free
+# slot), a second lets a small file start beside a book.
+SHARED_WAITING_DOCUMENTS = 2
 
 
 class Admission:
@@ -64,7 +76,10 @@ class Dispatcher:
         self.runner = runner
         self.admission = admission
         self.on_crash = on_crash
+        # Whether other live daemons serve this inbox too (instances.Instances.shared).
+        self.shared: Callable[[Inbox], bool] = lambda _: False
         self.jobs: deque[Job] = deque()
+        self.documents: dict[asyncio.Task[None], tuple[Inbox, Claim]] = {}
         self.log = get_logger()
 
     def add(self, jobs: list[Job]) -> None:
@@ -72,16 +87,36 @@ class Dispatcher:
 
     async def dispatch(self) -> None:
         """Claim and start documents while there is room; the line keeps its order, so a
-        document that must run alone waits for the others to finish."""
-        while self.jobs and self.admission.admits(self.jobs[0].runs_alone):
-            job = self.jobs.popleft()
+        document that must run alone waits for the others to finish. Jobs of an inbox whose
+        lease is not held now wait (behind them, the others go on)."""
+        while True:
+            index = next((i for i, job in enumerate(self.jobs) if self._may_start(job)), None)
+            if index is None or not self.admission.admits(self.jobs[index].runs_alone):
+                return
+            job = self.jobs[index]
+            del self.jobs[index]
             claim = job.claim or await self._claim(job)
             if claim is None:
                 continue
             alone = job.runs_alone
             task = asyncio.create_task(self.runner.run(job.inbox.route, claim, job.failure, alone))
             self.admission.admit(task, alone)
+            self.documents[task] = (job.inbox, claim)
             task.add_done_callback(self._finished)
+
+    def _may_start(self, job: Job) -> bool:
+        """Its inbox's lease held; and a new file beside other daemons only while few of this
+        one's documents wait for the engine (a claim already held is this daemon's to run)."""
+        if not job.inbox.work.tenure.holds():
+            return False
+        if job.claim is not None or not self.shared(job.inbox):
+            return True
+        return self.waiting_documents() < SHARED_WAITING_DOCUMENTS
+
+    def waiting_documents(self) -> int:
+        """Documents of this daemon still opening, or waiting for a page slot."""
+        opening = sum(1 for flight in self.runner.in_flight.values() if not flight.progress.pages)
+        return opening + self.runner.pipeline.budget.waiting
 
     async def _claim(self, job: Job) -> Claim | None:
         assert job.path is not None
@@ -92,6 +127,9 @@ class Dispatcher:
             claim = await asyncio.to_thread(inbox.work.claim, path, job.identity, job.companions)
         except NotClaimable as refusal:
             self.intake.block(inbox, path, refusal)
+            return None
+        except ClaimLost:  # the lease ran out just now: the file waits for the next one
+            inbox.tracker.observe(path)
             return None
         except Changed as changed:
             if changed.quarantined is not None:
@@ -118,7 +156,9 @@ class Dispatcher:
             return None
         self.intake.taken(inbox, path)
         if claim is None:
-            self.log.info("file.vanished", path=shown, reason="gone before it was claimed")
+            # beside other daemons, usually one of them took it: no news
+            log = self.log.debug if self.shared(inbox) else self.log.info
+            log("file.vanished", path=shown, reason="gone before it was claimed")
             return None
         self.log.info(
             "document.claimed",
@@ -130,6 +170,7 @@ class Dispatcher:
         return claim
 
     def _finished(self, task: asyncio.Task[None]) -> None:
+        self.documents.pop(task, None)
         if task.cancelled():
             return
         error = task.exception()
@@ -143,6 +184,24 @@ class Dispatcher:
             self.jobs.remove(job)
             self.intake.release(job)
         return len(unclaimed)
+
+    async def give_up(self, work: Path) -> list[str]:
+        """This daemon's lease on the work area `work` is lost: stop the documents of its
+        claims (they write nothing more) and drop its recovered claims from the line;
+        returns once the documents have stopped, with their paths."""
+
+        def there(inbox: Inbox) -> bool:
+            return inbox.config.work == work  # also an inbox replaced by a reload since
+
+        dropped = [job for job in self.jobs if there(job.inbox) and job.claim is not None]
+        for job in dropped:
+            self.jobs.remove(job)
+        stopping = {task: claim for task, (inbox, claim) in self.documents.items() if there(inbox)}
+        for task in stopping:
+            task.cancel()
+        await asyncio.gather(*stopping, return_exceptions=True)
+        claims = [*stopping.values(), *(job.claim for job in dropped if job.claim is not None)]
+        return [printable(claim.state.relative_path) for claim in claims]
 
     @property
     def running(self) -> int:

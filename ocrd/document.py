@@ -18,6 +18,10 @@ flat one; what no name fixes fails the document with a reason naming folder and 
 Whatever goes wrong while settling one document costs that document only: it goes to
 failed/ with the reason, and if even that cannot be done it stays claimed, listed as
 needing an operator, and the daemon goes on.
+
+A claim this daemon no longer holds (its lease ended and another daemon may have taken it
+over, `ocrd/instances.py`) ends its document at once, wherever it is, without writing
+anything more for it: `document.given_up`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import TypeVar
 
 from ocrd import crashes, failures
 from ocrd.backoff import Backoff
-from ocrd.claim import Claim, Naming, Settlement
+from ocrd.claim import Claim, ClaimLost, Naming, Settlement
 from ocrd.config import DocumentOptions, InboxConfig
 from ocrd.domain import DocumentFailed, DocumentResult, DocumentSummary, Outcome, Stage
 from ocrd.dropped import printable
@@ -134,6 +138,8 @@ class DocumentRunner:
             await self._run(route, claim, failure, alone, log)
         except (EngineDeadError, asyncio.CancelledError):
             raise
+        except ClaimLost as lost:
+            self._given_up(lost, log)
         except Exception as error:  # a bug in ocrd, met while settling
             log.exception("document.internal_error", stage=Stage.settle.value)
             await self._set_aside(route, claim, error, log)
@@ -163,6 +169,7 @@ class DocumentRunner:
         )
         try:
             outcome = await self._convert(route, claim, log, progress, started)
+            claim.check_held()  # an original gone from a claim taken over did not vanish
             if not await asyncio.to_thread(claim.path.exists):
                 await asyncio.to_thread(self._vanished, claim, log)
             elif isinstance(outcome, DocumentFailed):
@@ -170,7 +177,10 @@ class DocumentRunner:
             else:
                 await self._succeed(route, claim, outcome, started, log)
         except EngineDeadError as error:
-            if await asyncio.to_thread(crashes.record, claim, error):
+            recorded = False
+            with contextlib.suppress(ClaimLost):  # the engine's death outranks a lost claim
+                recorded = await asyncio.to_thread(crashes.record, claim, error)
+            if recorded:
                 log.error(
                     "document.engine_died",
                     page=error.page,
@@ -180,7 +190,9 @@ class DocumentRunner:
                 )
             raise
         except asyncio.CancelledError:
-            if claim.folder.exists():
+            if not claim.held:
+                self._given_up(ClaimLost("this daemon's lease on its work area ended"), log)
+            elif claim.folder.exists():
                 log.warning(
                     "document.interrupted", action="left in the work area for the next start"
                 )
@@ -207,7 +219,7 @@ class DocumentRunner:
                     route.options,
                     claim.scratch,
                     log,
-                    PageJournal(claim.journal),
+                    PageJournal(claim.journal, claim.check_held),
                     progress,
                     arrival,
                 )
@@ -222,11 +234,20 @@ class DocumentRunner:
             return failures.job_kept_changing(JOB_CHANGES_TOLERATED + 1)
         except DocumentFailed as failure:
             return failure
-        except (EngineDeadError, asyncio.CancelledError):
+        except (EngineDeadError, asyncio.CancelledError, ClaimLost):
             raise
         except Exception as error:  # a bug in ocrd must cost one document, not the daemon
             log.exception("document.internal_error")
             return failures.internal(error)
+
+    @staticmethod
+    def _given_up(lost: ClaimLost, log: FilteringBoundLogger) -> None:
+        log.warning(
+            "document.given_up",
+            reason=str(lost),
+            action="nothing more is written for it here; the daemon that took the claim "
+            "over (or this one, with a new lease) finishes it",
+        )
 
     @staticmethod
     def _vanished(claim: Claim, log: FilteringBoundLogger) -> None:
@@ -263,6 +284,8 @@ class DocumentRunner:
             )
             await self._fail(route, claim, failure, started, log)
             return
+        except ClaimLost:
+            raise
         except Exception as error:  # a bug in writing costs this document only
             log.exception("document.internal_error", stage=Stage.write.value)
             await self._fail(route, claim, failures.unwritable(error), started, log)
@@ -327,6 +350,9 @@ class DocumentRunner:
             settlement = await self._step(
                 lambda: route.settler.failed(claim, failure, Naming.flat), route, log
             )
+        except ClaimLost as lost:
+            self._given_up(lost, log)
+            return
         except Exception as again:
             why = f"cannot be settled, not even as a failure: {type(again).__name__}: {again}"
             self._stuck(claim, why, log)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -10,33 +11,54 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 # Short, recognisable temporary names: a long original name must not make them too long,
-# and files left by a killed run can be told apart from users' files and swept away.
-_TEMPORARY = re.compile(r"^\.ocrd-\d+-[0-9a-f]{8}\.tmp$")
+# and files left by a killed run can be told apart from users' files and swept away. They
+# name their writer (its instance), since daemons on several hosts share the outbox and
+# each may sweep only its own (and those of one whose claims it took over).
+_LEGACY_TEMPORARY = re.compile(r"^\.ocrd-\d+-[0-9a-f]{8}\.tmp$")  # an older ocrd's
+
+
+def writer() -> str:
+    """Who writes this process's temporaries: its instance name (`OCRD_INSTANCE`, or the
+    host name; see `ocrd/instances.py`), kept to safe characters."""
+    name = os.environ.get("OCRD_INSTANCE") or socket.gethostname()
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "ocrd"
 
 
 def temporary_path(folder: Path) -> Path:
-    return folder / f".ocrd-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    return folder / f".ocrd-{writer()}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
 
 
-def remove_stale_temporaries(root: Path) -> int:
-    """Remove ocrd's temporary files and folders under `root` left by a killed run."""
+def _temporaries_of(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^\.ocrd-{re.escape(name)}-\d+-[0-9a-f]{{8}}\.tmp$")
+
+
+def remove_stale_temporaries(root: Path, name: str) -> int:
+    """Remove the temporary files and folders under `root` that instance `name` (no longer
+    running: this daemon's earlier run, or one whose claims were taken over) left, and an
+    older ocrd's."""
+    own = _temporaries_of(name)
+
+    def stale(entry: str) -> bool:
+        return bool(own.match(entry) or _LEGACY_TEMPORARY.match(entry))
+
     removed = 0
     for folder, folders, files in os.walk(root):
-        for name in [*files, *folders]:
-            if _TEMPORARY.match(name):
-                path = Path(folder) / name
+        for entry in [*files, *folders]:
+            if stale(entry):
+                path = Path(folder) / entry
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
                 removed += 1
-        folders[:] = [name for name in folders if not _TEMPORARY.match(name)]
+        folders[:] = [entry for entry in folders if not stale(entry)]
     return removed
 
 
@@ -121,6 +143,35 @@ def _renameat2() -> Any:
     return function
 
 
+def identity(path: Path, folder: int | None = None) -> tuple[int, int] | None:
+    """(device, inode) of what `path` (in the folder descriptor `folder`, if given) names,
+    not following a link; None if nothing."""
+    try:
+        info = os.stat(path, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _happened(before: tuple[int, int] | None, target: Path, folder: int | None = None) -> bool:
+    """Whether `target` now names the file that was `before`: how a rename or link whose
+    reply a network filesystem lost, and which its client sent again (answered "no such
+    file" or "file exists" although it was done the first time), is told from one that
+    did not happen."""
+    return before is not None and identity(target, folder) == before
+
+
+def rename_checked(source: Path, target: Path, target_dir: int | None = None) -> None:
+    """`os.rename` (replacing `target`), recognising a rename that happened although its
+    reply said "no such file" (see `_happened`)."""
+    before = identity(source)
+    try:
+        os.rename(source, target, dst_dir_fd=target_dir)
+    except FileNotFoundError:
+        if not _happened(before, target, target_dir):
+            raise
+
+
 def _rename_noreplace(source: Path, target: Path, target_dir: int = AT_FDCWD) -> bool:
     """Rename without ever replacing (renameat2 RENAME_NOREPLACE); False where the
     filesystem or the C library cannot (NFS, some FUSE mounts), so the caller falls back."""
@@ -144,19 +195,30 @@ def rename_new(source: Path, target: Path, target_dir: int | None = None) -> Non
     An atomic rename that refuses to replace where the filesystem has one; otherwise a hard
     link and an unlink (atomic on NFS too); where links are refused as well (SMB and FAT
     mounts; another user's file under fs.protected_hardlinks on a filesystem without
-    renameat2), check, then rename."""
-    if _rename_noreplace(source, target, AT_FDCWD if target_dir is None else target_dir):
-        return
+    renameat2), check, then rename. A rename or link that happened although its reply said
+    otherwise (a network filesystem's retried request) counts as done."""
+    before = identity(source)
+    try:
+        if _rename_noreplace(source, target, AT_FDCWD if target_dir is None else target_dir):
+            return
+    except FileNotFoundError:
+        if _happened(before, target, target_dir):
+            return
+        raise
     try:
         os.link(source, target, dst_dir_fd=target_dir, follow_symlinks=False)
+    except FileExistsError:
+        if not _happened(before, target, target_dir):
+            raise
     except OSError as error:
         if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
             raise
         if os.path.lexists(target) if target_dir is None else _exists_in(target_dir, target):
             raise FileExistsError(errno.EEXIST, "file exists", str(target)) from None
-        os.rename(source, target, dst_dir_fd=target_dir)
+        rename_checked(source, target, target_dir)
         return
-    os.unlink(source)
+    with contextlib.suppress(FileNotFoundError):  # a retried unlink that was done already
+        os.unlink(source)
 
 
 def _exists_in(folder: int, name: Path) -> bool:
@@ -167,8 +229,9 @@ def _exists_in(folder: int, name: Path) -> bool:
     return True
 
 
-def _durable_temporary(folder: Path, data: bytes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def _durable_temporary(folder: Path, data: bytes, make_folder: bool = True) -> Path:
+    if make_folder:
+        folder.mkdir(parents=True, exist_ok=True)
     temporary = temporary_path(folder)
     try:
         with temporary.open("wb") as handle:
@@ -183,9 +246,14 @@ def _durable_temporary(folder: Path, data: bytes) -> Path:
 
 def link_or_copy(source: Path, target: Path) -> None:
     """Give a durable file (fsynced by whoever wrote it) a second name; a copy, fsynced,
-    where the two folders are on different filesystems or links are refused."""
+    where the two folders are on different filesystems or links are refused. A link whose
+    reply said "file exists" although it was made (a retried request) counts as done."""
+    before = identity(source)
     try:
         os.link(source, target)
+    except FileExistsError:
+        if not _happened(before, target):
+            raise
     except OSError as error:
         if error.errno not in (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
             raise
@@ -262,9 +330,16 @@ def release(target: Path, owner: str) -> None:
         reservation_of(target).unlink(missing_ok=True)
 
 
-def replace_file(target: Path, data: bytes) -> None:
-    """Atomically replace `target` (for ocrd's own state files, which it may overwrite)."""
-    os.replace(_durable_temporary(target.parent, data), target)
+def replace_file(target: Path, data: bytes, make_folder: bool = True) -> None:
+    """Atomically replace `target` (for ocrd's own state files, which it may overwrite).
+    Without `make_folder` a folder that is gone stays gone (FileNotFoundError): a claim's
+    state is never written into a claim folder that has been moved away."""
+    temporary = _durable_temporary(target.parent, data, make_folder)
+    try:
+        rename_checked(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk must not fill up further
+        raise
     fsync_dir(target.parent)
 
 
@@ -285,7 +360,7 @@ def _copy_folder_across(source: Path, target: Path) -> None:
             fsync_dir(Path(root))
         if target.exists():
             raise FileExistsError(errno.EEXIST, "file exists", str(target))
-        os.rename(temporary, target)
+        rename_checked(temporary, target)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     fsync_dir(target.parent)

@@ -6,6 +6,11 @@ fronts file with its backs, and the list of files ocrd's user may not move out (
 with their fix until someone fixes them). `collect` turns what became ready into jobs for
 the dispatcher; adding an inbox also takes up the claims an earlier run left in its work
 area.
+
+Several daemons may serve one inbox (`ocrd/instances.py`): each holds a lease on the work
+area and keeps its claims in its own folder there; adding an inbox takes the lease first.
+Claims taken over from a daemon that died, or this daemon's own claims after it took a new
+lease, become jobs here too.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from ocrd.document import Route
 from ocrd.domain import DocumentFailed
 from ocrd.dropped import Identity, printable
 from ocrd.files import remove_stale_temporaries
+from ocrd.instances import Instances
+from ocrd.leases import TakenOver
 from ocrd.log import get_logger
 from ocrd.status import WAITING_LISTED, BlockedFile, WaitingFile
 from ocrd.watch import InboxWatcher, QuietTracker, stat_all
@@ -83,8 +90,9 @@ class Job:
 
 
 class Intake:
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, instances: Instances) -> None:
         self.engine = engine
+        self.instances = instances
         self.inboxes: list[Inbox] = []
         # Ready files given out as jobs (or waiting to be paired) and not yet claimed: a
         # rescan finding one of them again must not make a second job of it.
@@ -94,9 +102,10 @@ class Intake:
     # --- the inboxes -------------------------------------------------------------------
 
     async def add(self, config: InboxConfig, recover: bool = True) -> tuple[Inbox, list[Job]]:
-        """Serve an inbox: sweep what a killed run left, watch it; the claims it left, as
-        jobs (oldest first) where `recover`."""
-        work = WorkArea(config.path, config.work)
+        """Serve an inbox: hold a lease on its work area, sweep what a killed run left,
+        watch it; the claims it left, as jobs (oldest first) where `recover`."""
+        lease = await self.instances.join(config.work)
+        work = WorkArea(config.path, self.instances.claims_folder(config.work), lease)
         tracker = QuietTracker(config)
 
         def unlisted(folder: Path) -> None:
@@ -112,19 +121,17 @@ class Intake:
         )
         jobs = []
         if recover:
-            for claim in await asyncio.to_thread(_swept_and_recovered, config, work):
-                if claim.state.quarantine:
-                    self.quarantine(inbox, claim.folder, claim.state.quarantine)
-                    continue
-                self.log.info(
-                    "document.recovered",
-                    doc=claim.id,
-                    path=printable(claim.state.relative_path),
-                    attempts=claim.state.attempts,
-                )
-                jobs.append(Job(inbox, claim=claim))
+            name = self.instances.name
+            claims = await asyncio.to_thread(_swept_and_recovered, config, work, name)
+            jobs = self._recovered(inbox, claims, "document.recovered")
         await inbox.watcher.start()
-        self.log.info("inbox.watching", inbox=str(config.path), polling=config.polling)
+        watcher = inbox.watcher
+        self.log.info(
+            "inbox.watching",
+            inbox=str(config.path),
+            polling=watcher.polling,
+            reason=watcher.polling_reason,
+        )
         self.inboxes.append(inbox)
         return inbox, jobs
 
@@ -149,6 +156,57 @@ class Intake:
     async def stop(self) -> None:
         for inbox in self.inboxes:
             await asyncio.to_thread(inbox.watcher.stop)
+
+    # --- claims that became this daemon's --------------------------------------------------
+
+    def on_work(self, work: Path) -> list[Inbox]:
+        """The inboxes served whose work area is `work` (one, or none after a reload)."""
+        return [inbox for inbox in self.inboxes if inbox.config.work == work]
+
+    def _recovered(
+        self, inbox: Inbox, claims: list[Claim], event: str, **facts: str
+    ) -> list[Job]:
+        """Jobs of claims found in this daemon's folder (`event` says how they came);
+        quarantined claims are listed, never processed."""
+        jobs = []
+        for claim in claims:
+            if claim.state.quarantine:
+                self.quarantine(inbox, claim.folder, claim.state.quarantine)
+                continue
+            self.log.info(
+                event,
+                doc=claim.id,
+                path=printable(claim.state.relative_path),
+                attempts=claim.state.attempts,
+                **facts,
+            )
+            jobs.append(Job(inbox, claim=claim))
+        return jobs
+
+    async def regained(self, work: Path) -> list[Job]:
+        """A new lease on `work`: the claims left in this daemon's folder there are its
+        own again (those the daemon that took the lease over did not move), and what its
+        given-up documents left half-written is swept away (a write of another inbox's
+        document into a shared outbox that this meets is only retried)."""
+        lease = self.instances.lease(work)
+        jobs = []
+        for inbox in self.on_work(work):
+            inbox.work.tenure = lease
+            name = self.instances.name
+            claims = await asyncio.to_thread(_swept_and_recovered, inbox.config, inbox.work, name)
+            jobs += self._recovered(inbox, claims, "document.recovered")
+        return jobs
+
+    async def taken_over(self, work: Path, taken: TakenOver) -> list[Job]:
+        """Claims moved into this daemon's folder from a daemon that died: what that one
+        left half-written is swept away, and its documents are this daemon's jobs."""
+        jobs: list[Job] = []
+        for inbox in self.on_work(work):
+            claims = await asyncio.to_thread(_swept_and_adopted, inbox, taken)
+            jobs += self._recovered(
+                inbox, claims, "document.taken_over", from_instance=taken.owner
+            )
+        return jobs
 
     # --- what became ready ---------------------------------------------------------------
 
@@ -306,11 +364,16 @@ class Intake:
         return lines
 
 
-def _swept_and_recovered(config: InboxConfig, work: WorkArea) -> list[Claim]:
-    """Sweep temporaries a killed run left; the claims it left, oldest first. Blocking."""
+def _sweep(config: InboxConfig, instance: str) -> None:
+    """Remove the temporaries `instance` (not running) left in the output folders."""
     for folder in (config.outbox, config.done, config.failed):
         if folder.is_dir():
-            remove_stale_temporaries(folder)
+            remove_stale_temporaries(folder, instance)
+
+
+def _swept_and_recovered(config: InboxConfig, work: WorkArea, instance: str) -> list[Claim]:
+    """Sweep temporaries a killed run left; the claims it left, oldest first. Blocking."""
+    _sweep(config, instance)
     return work.recover()
 
 
@@ -330,3 +393,11 @@ def _cleared(paths: list[Path]) -> list[Path]:
         for path in paths
         if not os.path.lexists(path) or (path.is_dir() and os.access(path, os.R_OK | os.X_OK))
     ]
+
+
+def _swept_and_adopted(inbox: Inbox, taken: TakenOver) -> list[Claim]:
+    """Sweep the temporaries of a daemon whose claims were taken over; its claims now in
+    this daemon's folder, oldest first. Blocking."""
+    _sweep(inbox.config, taken.owner)
+    claims = [inbox.work.adopt(folder) for folder in taken.folders]
+    return sorted((claim for claim in claims if claim is not None), key=lambda c: c.folder.name)

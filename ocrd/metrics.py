@@ -66,6 +66,7 @@ class _StateCollector(Collector):
         yield waiting
         yield oldest
         yield blocked
+        yield from _instance_metrics(report)
         yield GaugeMetricFamily(
             "ocrd_documents_in_flight", "Documents claimed and being processed",
             value=report.documents_in_flight,
@@ -127,6 +128,43 @@ def _replica_metrics(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
     yield state
     yield checked
     yield from (family for _, family in numbers)
+
+
+def _instance_metrics(report: StatusReport) -> Iterator[Metric]:
+    """The daemons sharing each inbox, as this one saw their leases at its last renewal."""
+    labels = ["inbox", "instance"]
+    up = GaugeMetricFamily(
+        "ocrd_instance_up", "1 while a daemon's lease on the inbox's work area is alive",
+        labels=labels,
+    )  # fmt: skip
+    age = GaugeMetricFamily(
+        "ocrd_instance_lease_age_seconds",
+        "Age of a daemon's lease by the shared filesystem's clock (absent: it holds none)",
+        labels=labels,
+    )
+    claims = GaugeMetricFamily(
+        "ocrd_instance_claims", "Claims a daemon holds in the inbox's work area", labels=labels
+    )
+    taken = CounterMetricFamily(
+        "ocrd_claims_taken_over",
+        "Claims this daemon took over from another (that died) since it started",
+        labels=["inbox", "from_instance"],
+    )
+    lost = CounterMetricFamily(
+        "ocrd_leases_lost", "Leases this daemon lost (paused or cut off past half a lease)",
+        labels=["inbox"],
+    )  # fmt: skip
+    for inbox in report.inboxes:
+        for instance in inbox.instances:
+            up.add_metric([inbox.path, instance.name], 1.0 if instance.alive else 0.0)
+            if instance.lease_age_seconds is not None:
+                age.add_metric([inbox.path, instance.name], instance.lease_age_seconds)
+            claims.add_metric([inbox.path, instance.name], instance.claims)
+            if not instance.this:
+                taken.add_metric([inbox.path, instance.name], instance.taken_over)
+            else:
+                lost.add_metric([inbox.path], instance.leases_lost)
+    yield from (up, age, claims, taken, lost)
 
 
 class Metrics:

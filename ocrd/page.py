@@ -7,6 +7,7 @@ raw file), so both write the same output for the same text.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,8 +203,11 @@ class PageJournal:
     """Pages already recognised, appended as they finish, so that a document interrupted at
     page 200 of 300 continues there after a restart instead of at page 1."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, check: Callable[[], None] | None = None) -> None:
         self.path = path
+        # Asked before each page is added: raises once the journal is no longer this
+        # daemon's to write (its claim was taken over by another daemon).
+        self.check = check
 
     def load(self, figures_folder: Path | None) -> dict[int, PageResult]:
         pages: dict[int, PageResult] = {}
@@ -253,6 +257,8 @@ class PageJournal:
         self._write(record)
 
     def _write(self, record: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.check is not None:
+            self.check()
+        # Its folder (the claim's) is not made here: one that was moved away stays away.
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")

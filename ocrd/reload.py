@@ -44,6 +44,11 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
             "engine: the engine section changed, which needs a restart "
             "(systemctl restart ocrd); the running engine keeps its settings"
         )
+    if new.instances != old.instances:
+        refused.append(
+            "instances: the lease settings changed, which needs a restart of every daemon "
+            f"sharing the inboxes; keeping lease_seconds {old.instances.lease_seconds:g}"
+        )
     pipeline = dict(old.pipeline)
     for key, value in new.pipeline:
         if value == pipeline[key]:
@@ -58,7 +63,11 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     before = {inbox.path: inbox for inbox in old.inboxes}
     after = {inbox.path: inbox for inbox in new.inboxes}
     applied = new.model_copy(
-        update={"engine": old.engine, "pipeline": old.pipeline.model_copy(update=pipeline)}
+        update={
+            "engine": old.engine,
+            "pipeline": old.pipeline.model_copy(update=pipeline),
+            "instances": old.instances,
+        }
     )
     return ReloadPlan(
         config=applied,

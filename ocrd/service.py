@@ -6,6 +6,10 @@ watches the engine; at their intervals the inboxes are rescanned, the status rep
 systemd's watchdog pinged (from this loop only, so a stuck loop stops the pings). SIGHUP
 asks for a reload, which the next tick applies. The status report is put together from
 the parts that own each fact.
+
+Beside the loop, this daemon's leases are kept in the background (`ocrd/instances.py`);
+the service is told when one is lost (its documents are stopped), taken anew (its claims
+left are recovered) or brings claims over from a daemon that died (they are dispatched).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from ocrd.config import Config, ConfigError, load_config
 from ocrd.dispatch import Dispatcher
 from ocrd.document import DocumentRunner
 from ocrd.engines import Engine, EngineState, ReplicaFacts
+from ocrd.instances import Instances
 from ocrd.intake import Inbox, Intake
+from ocrd.leases import TakenOver
 from ocrd.log import get_logger
 from ocrd.notify import SystemdNotifier
 from ocrd.pipeline import Pipeline
@@ -54,16 +60,21 @@ class Service:
     notifier: SystemdNotifier
     web: WebServer
     stopping: asyncio.Event
+    instances: Instances
 
     def __post_init__(self) -> None:
         self.log = get_logger()
         self.reload_requested = False
         self.apply_pipeline_settings()
+        self.instances.listener = self
+        self.instances.serves = lambda work: bool(self.intake.on_work(work))
+        self.dispatcher.shared = lambda inbox: self.instances.shared(inbox.config.work)
 
     # --- the main loop -------------------------------------------------------------------
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
+        self.instances.serving()
         tick = 0
         while not self.stopping.is_set():
             before = loop.time()
@@ -99,6 +110,17 @@ class Service:
         self.notifier.stopping(f"draining {self.dispatcher.running} documents")
         await self.intake.stop()
         await self.dispatcher.drain(self.config.pipeline.shutdown_grace_seconds)
+
+    # --- several daemons on one inbox (instances.LeaseListener) ---------------------------
+
+    async def lease_lost(self, work: Path, reason: str) -> list[str]:
+        return await self.dispatcher.give_up(work)
+
+    async def lease_regained(self, work: Path) -> None:
+        self.dispatcher.add(await self.intake.regained(work))
+
+    async def claims_taken_over(self, work: Path, taken: TakenOver) -> None:
+        self.dispatcher.add(await self.intake.taken_over(work, taken))
 
     # --- reloading -----------------------------------------------------------------------
 
@@ -180,6 +202,7 @@ class Service:
         if self.runner.storage.fault:
             problems.append(f"STORAGE FAULT, retrying: {self.runner.storage.fault}")
         problems += self.intake.problems()
+        problems += self.instances.problems()
         if self.stopping.is_set():
             problems.append("stopping")
         return problems
@@ -219,6 +242,7 @@ class Service:
         problems = self.problems()
         return StatusReport(
             version=__version__,
+            instance=self.instances.name,
             engine=self.engine.name,
             engine_state=self.engine.health.state.value,
             engine_summary=self.engine.summary,
@@ -252,6 +276,7 @@ class Service:
                 if flight.inbox == root
             ],
             blocked=self.intake.blocked_files(inbox),
+            instances=self.instances.report(inbox.config.work),
         )  # fmt: skip
 
 

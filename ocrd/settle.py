@@ -7,6 +7,10 @@ finishes the same settlement instead of starting another: one Markdown file, one
 Names are planned at one of three levels (`Naming`): as the file was named, made safe, or
 flat. A caller that finds its target refusing a name plans again one level down; the
 abandoned plan's files are removed first.
+
+Each step asks first whether this daemon still holds the claim (`Claim.check_held`): one
+whose lease ended while it was paused writes nothing more for it (ClaimLost), since the
+daemon that took the claim over finishes it.
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ class Settler:
         settings: DocumentOptions,
         naming: Naming = Naming.original,
     ) -> Settlement:
+        claim.check_held()
         parts = result.parts()
         # An earlier attempt that planned these names and died (or hit a storage fault)
         # before finishing left its plan: reusing it overwrites what it left, adding no copy.
@@ -128,6 +133,7 @@ class Settler:
         settlement = settlement or self._plan_done(claim, naming, len(parts))
         for part, markdown in zip(parts, settlement.markdowns(), strict=True):
             if not markdown.is_file():
+                claim.check_held()
                 write_document(part, settings, markdown, claim.relative_path.name)
         self._finish(claim, settlement)
         return settlement
@@ -135,6 +141,7 @@ class Settler:
     def failed(
         self, claim: Claim, failure: DocumentFailed, naming: Naming = Naming.original
     ) -> Settlement:
+        claim.check_held()
         settlement = self._reused(claim, Outcome.failed, naming, 0)
         if settlement is None:
             settlement = self._plan_failed(claim, failure, naming)
@@ -235,12 +242,14 @@ class Settler:
     def _finish_failed(self, claim: Claim, settlement: Settlement) -> Settlement:
         report = Path(settlement.error_report or report_path(Path(settlement.original)))
         if not report.is_file():
+            claim.check_held()
             write_report(report, settlement.error or {})
         self._finish(claim, settlement)
         return settlement
 
     def resume(self, claim: Claim) -> Settlement | None:
         """Finish a settlement an earlier run planned; None if the document must be redone."""
+        claim.check_held()
         settlement = claim.state.settlement
         if settlement is None:
             return None
@@ -254,9 +263,13 @@ class Settler:
     def _finish(self, claim: Claim, settlement: Settlement) -> None:
         """Companions first, the original last: a claim whose original is gone is settled.
         The names' reservations go before the claim does, so a crash in between finds the
-        plan again and finishes it."""
+        plan again and finishes it. An original missing from a claim this daemon holds was
+        moved by an earlier attempt; from a claim it no longer holds, by the daemon that
+        took it over: so the claim is asked for first."""
+        claim.check_held()
         for source, target in zip(claim.companion_paths, settlement.companions, strict=True):
             _move_original(source, Path(target))
         _move_original(claim.path, Path(settlement.original))
+        claim.check_held()
         settlement.release(claim.id)
         claim.release()

@@ -36,6 +36,20 @@ class BlockedFile(BaseModel):
     since: float  # wall clock, when it was first found blocked
 
 
+class InstanceStatus(BaseModel):
+    """A daemon serving the same inbox (this one too), as its lease and folder show it."""
+
+    name: str
+    this: bool = False  # the daemon that reports
+    alive: bool  # its lease is younger than a lease (by the share's clock)
+    lease_age_seconds: float | None  # None: it holds no lease (stopped cleanly, taken over)
+    claims: int  # claim folders in its folder
+    host: str | None = None
+    taken_over_by: str | None = None  # a daemon taking its claims over right now
+    taken_over: int = 0  # claims this daemon took over from it since it started
+    leases_lost: int = 0  # (this daemon) leases it lost since it started
+
+
 class InboxStatus(BaseModel):
     path: str
     watching: bool
@@ -44,6 +58,7 @@ class InboxStatus(BaseModel):
     waiting: list[WaitingFile]
     in_flight: list[DocumentProgress]
     blocked: list[BlockedFile] = []
+    instances: list[InstanceStatus] = []  # the daemons sharing its work area
 
 
 class FinishedDocument(BaseModel):
@@ -97,6 +112,7 @@ class ReplicaStatus(BaseModel):
 
 class StatusReport(BaseModel):
     version: str
+    instance: str | None = None  # this daemon's instance name
     engine: str
     engine_state: str
     engine_summary: str = ""  # e.g. "3 of 4 replicas ready, 1 down"

@@ -8,7 +8,7 @@ import time
 import httpx
 
 from ocrd.config import HttpConfig
-from ocrd.status import StatusReport
+from ocrd.status import InstanceStatus, StatusReport
 
 TIMEOUT_SECONDS = 5.0
 
@@ -40,9 +40,32 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"{seconds} s"
 
 
+def _instance_line(instance: InstanceStatus) -> str:
+    """A daemon sharing the inbox: alive or down, its lease's age, its claims."""
+    if instance.this:
+        state = "this one" if instance.alive else "this one, WITHOUT ITS LEASE now"
+    elif instance.taken_over_by:
+        state = f"DOWN, {instance.taken_over_by} is taking its claims over"
+    elif instance.alive:
+        state = "alive"
+    else:  # a lease that ran out (or was released), or none left: stopped or taken over
+        state = "DOWN" if instance.lease_age_seconds is not None else "gone"
+    parts = [state]
+    if instance.lease_age_seconds is not None:
+        parts.append(f"lease {_duration(instance.lease_age_seconds)} old")
+    parts.append(f"{instance.claims} claim{'' if instance.claims == 1 else 's'}")
+    if instance.taken_over:
+        parts.append(f"{instance.taken_over} taken over by this one")
+    if instance.leases_lost:
+        parts.append(f"lost its lease {instance.leases_lost} times")
+    return f"  daemon {instance.name}: " + ", ".join(parts)
+
+
 def format_status(report: StatusReport) -> str:
     lines = [
-        f"ocrd {report.version}: {'READY' if report.ready else 'NOT READY'}; "
+        f"ocrd {report.version}"
+        + (f" ({report.instance})" if report.instance else "")
+        + f": {'READY' if report.ready else 'NOT READY'}; "
         f"engine {report.engine} ({report.engine_state}); "
         f"{report.documents_in_flight} documents, {report.pages_in_flight} pages in flight; "
         f"{report.pages_per_second:.2f} pages/s"
@@ -65,6 +88,8 @@ def format_status(report: StatusReport) -> str:
     for inbox in report.inboxes:
         watching = "" if inbox.watching else " (not watched)"
         lines.append(f"inbox {inbox.path}{watching}: {inbox.waiting_count} waiting")
+        if len(inbox.instances) > 1:
+            lines += [_instance_line(instance) for instance in inbox.instances]
         for blocked in inbox.blocked:
             lines.append(f"  cannot take {blocked.path}: {blocked.reason}; fix: {blocked.fix}")
         for document in inbox.in_flight:

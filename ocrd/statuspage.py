@@ -16,6 +16,7 @@ from ocrd.status import (
     DocumentProgress,
     FinishedDocument,
     InboxStatus,
+    InstanceStatus,
     ReplicaStatus,
     StatusReport,
 )
@@ -38,6 +39,7 @@ th, td { text-align: left; padding: 0.25em 0.5em; border-bottom: 1px solid #eee;
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 progress { width: 12em; }
 .done { color: #2e7d32; } .failed { color: #c62828; font-weight: 600; }
+tr.instance.down td:nth-child(2) { color: #c62828; }
 .muted { color: #777; }
 svg { background: white; border: 1px solid #ddd; }
 """
@@ -89,6 +91,42 @@ def _blocked(inbox: InboxStatus) -> str:
         "<h3>Cannot be taken</h3><p>ocrd may not move these files out of the inbox; they "
         "wait here until their permissions are fixed.</p><table><tr><th>file</th>"
         f"<th>why</th><th>what to do</th></tr>{rows}</table>"
+    )
+
+
+def instance_state(instance: InstanceStatus) -> str:
+    """A daemon sharing the inbox, in words."""
+    if instance.this:
+        return "this daemon" if instance.alive else "this daemon, without its lease now"
+    if instance.taken_over_by:
+        return f"down: {instance.taken_over_by} is taking its claims over"
+    if instance.alive:
+        return "alive"
+    # a lease that ran out (or was released), or none left: stopped or taken over
+    return "down" if instance.lease_age_seconds is not None else "gone"
+
+
+def _instance_row(instance: InstanceStatus) -> str:
+    age = instance.lease_age_seconds
+    state = instance_state(instance)
+    kind = "alive" if instance.alive else "down"
+    return (
+        f'<tr class="instance {kind}"><td>{escape(instance.name)}</td>'
+        f"<td>{escape(state)}</td><td>{escape(instance.host or '')}</td>"
+        f'<td class="num">{"" if age is None else _duration(age)}</td>'
+        f'<td class="num">{instance.claims}</td><td class="num">{instance.taken_over}</td></tr>'
+    )
+
+
+def _instances(inbox: InboxStatus) -> str:
+    """The daemons sharing the inbox, where there is more than this one."""
+    if len(inbox.instances) < 2:
+        return ""
+    rows = "".join(_instance_row(i) for i in inbox.instances)
+    return (
+        "<h3>Daemons on this inbox</h3><table><tr><th>instance</th><th>state</th>"
+        "<th>host</th><th>lease age</th><th>claims</th><th>taken over by this one</th>"
+        f"</tr>{rows}</table>"
     )
 
 
@@ -206,6 +244,7 @@ def render(report: StatusReport, token: str = "") -> str:
     page's links."""
     query = f"?token={quote(token)}" if token else ""
     state = "ready" if report.ready else "notready"
+    instance = f", instance {escape(report.instance)}" if report.instance else ""
     problems = "".join(f"<li>{escape(p)}</li>" for p in report.problems)
     attention = "".join(
         f"<li>{escape(line)}</li>"
@@ -215,7 +254,7 @@ def render(report: StatusReport, token: str = "") -> str:
         f'<section class="inbox"><h2>Inbox {escape(inbox.path)}'
         f"{'' if inbox.watching else ' (not watched)'}</h2>"
         f"<h3>Being converted</h3>{_in_flight(inbox)}<h3>Waiting</h3>{_waiting(inbox)}"
-        f"{_blocked(inbox)}</section>"
+        f"{_blocked(inbox)}{_instances(inbox)}</section>"
         for inbox in report.inboxes
     )
     return f"""<!doctype html>
@@ -228,7 +267,8 @@ def render(report: StatusReport, token: str = "") -> str:
 <p>engine {escape(report.engine)} ({escape(report.engine_state)}),
 {_count(report.documents_in_flight, "document")} and
 {_count(report.pages_in_flight, "page")} in flight,
-{report.pages_per_second:.2f} pages/s over the last minute. ocrd {escape(report.version)}.</p>
+{report.pages_per_second:.2f} pages/s over the last minute.
+ocrd {escape(report.version)}{instance}.</p>
 {f'<ul class="problems">{problems}</ul>' if problems else ""}
 {f'<ul class="attention">{attention}</ul>' if attention else ""}
 {inboxes}

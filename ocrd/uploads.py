@@ -374,13 +374,26 @@ class _Claimed:
     error_report: str | None
 
 
-def _claimed(inbox: InboxConfig, upload_id: str) -> _Claimed | None:
+def _claim_folders(work: Path) -> Iterator[Path]:
+    """The claim folders in a work area: in each daemon's folder (`ocrd/instances.py`),
+    and those an older ocrd kept directly in the work folder."""
+    for entry in _listed(work):
+        if (entry / STATE_FILE).exists():
+            yield entry
+        else:
+            yield from _listed(entry)
+
+
+def _listed(folder: Path) -> list[Path]:
     try:
-        claims = os.listdir(inbox.work)
+        return [folder / name for name in os.listdir(folder) if not name.startswith(".")]
     except OSError:
-        return None
-    for claim in claims:
-        folder = inbox.work / claim
+        return []
+
+
+def _claimed(inbox: InboxConfig, upload_id: str) -> _Claimed | None:
+    for folder in _claim_folders(inbox.work):
+        claim = folder.name
         files = _visible_files(folder, (UPLOADS_FOLDER, upload_id))
         if not files:
             continue

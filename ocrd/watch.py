@@ -9,6 +9,10 @@ slow copy is never read half-written. A folder whose name matches the inbox's
 for the folder), and it is ready once it holds files and none of them (their number, sizes,
 mtimes) changed for `settle_seconds`.
 
+On a network filesystem inotify reports only what this machine did, never a file another
+machine (a scanner, a person's PC, another ocrd) wrote to the share, so `polling: auto`
+polls there (`polling_of`).
+
 Nothing here blocks the event loop: the daemon asks which candidates are due for a look,
 stats them in a thread, and hands the results back. A candidate is looked at only when an
 event arrived for it or its quiet time is up, not every tick. A file whose stat fails with
@@ -24,6 +28,7 @@ import fnmatch
 import heapq
 import itertools
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -62,6 +67,58 @@ class Look:
 
 
 StatOutcome = Look | OSError
+
+
+# Filesystems whose files other machines write: inotify on this one sees none of that.
+NETWORK_FILESYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs",
+     "beegfs", "9p", "afs", "ocfs2", "gfs2", "davfs", "fuse"}
+)  # fmt: skip
+
+
+def _unescape_mount_path(field: str) -> str:
+    """A path field of /proc/self/mountinfo, whose spaces and such are octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def filesystem_of(path: Path, mountinfo: str | None = None) -> str | None:
+    """The filesystem type `path` lies on (`nfs4`, `fuse.sshfs`, `ext4`), from the mount
+    table; None where there is none to read."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in mountinfo.splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = _unescape_mount_path(parts[4])
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, rest.split()[0]
+    return kind
+
+
+def is_network_filesystem(kind: str | None) -> bool:
+    """Whether files on a filesystem of this type may be written by other machines: the
+    network filesystems, and FUSE ones (sshfs, rclone, s3fs) other than a local disk's."""
+    if kind is None:
+        return False
+    return kind in NETWORK_FILESYSTEMS or (kind.startswith("fuse.") and kind != "fuseblk")
+
+
+def polling_of(inbox: InboxConfig) -> tuple[bool, str]:
+    """Whether to poll `inbox`, and why."""
+    if inbox.polling != "auto":
+        return inbox.polling, "as configured"
+    kind = filesystem_of(inbox.path)
+    if is_network_filesystem(kind):
+        return True, f"the inbox is on {kind}, where inotify does not see what other hosts write"
+    return False, f"the inbox is on {kind or 'a local filesystem'}"
 
 
 def job_folder_of(relative: PurePath, inbox: InboxConfig, is_directory: bool) -> PurePath | None:
@@ -329,6 +386,7 @@ class InboxWatcher:
         # folder events came (a tree moved in raises one per folder it holds).
         self._walker: asyncio.Task[None] | None = None
         self._walk_again = False
+        self.polling, self.polling_reason = polling_of(inbox)
         self.missing = False
         self.log = get_logger(inbox=str(inbox.path))
 
@@ -347,7 +405,7 @@ class InboxWatcher:
             PollingObserverVFS(
                 os.lstat, os.scandir, polling_interval=self.inbox.poll_interval_seconds
             )
-            if self.inbox.polling
+            if self.polling
             else Observer()
         )
         handler = _Handler(self._from_thread)

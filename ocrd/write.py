@@ -10,7 +10,6 @@ part by part, each as a document of its own.
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -26,6 +25,7 @@ from ocrd.files import (
     json_bytes,
     link_or_copy,
     numbered,
+    rename_checked,
     replace_file,
     temporary_path,
     write_new_file,
@@ -202,7 +202,7 @@ def _place_figures(result: DocumentResult, assets: Path) -> None:
         for path in figures:
             link_or_copy(path, staging / path.name)
         fsync_dir(staging)
-        os.rename(staging, assets)
+        rename_checked(staging, assets)  # a network share's retried rename is no failure
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # a full disk must not fill up further
         raise

@@ -5,7 +5,8 @@
 
 COPIES holds a copy of every file that was dropped into the inbox (any layout). Checked:
 
-1. nothing is left in the inbox or the work area;
+1. nothing is left in the inbox or the work area (no claim in any daemon's folder there;
+   the daemons' leases, `.leases/`, are no claims);
 2. each input is, by content, exactly once in done/ or failed/, and nothing else is there;
 3. each original in done/ has exactly one Markdown file, `<outbox>/<same folder>/<same
    stem>.md`, complete (for a PDF: one page separator per page after the first);
@@ -30,7 +31,11 @@ COMPANION_SUFFIXES = (".assets", ".layout.json", ".raw.jsonl", ".md")
 
 
 def _files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+    """The files under `root`, but `.nfsXXXX` ones: an NFS client keeps a file deleted while
+    open under such a name until it is closed; it is no file of anyone's."""
+    if not root.exists():
+        return []
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".nfs"))
 
 
 def _digest(path: Path) -> str:
@@ -45,6 +50,22 @@ def _pdf_pages(path: Path) -> int | None:
             return doc.page_count
     except Exception:
         return None
+
+
+def left_in_work(work: Path) -> list[Path]:
+    """The claims a work area still holds: claim folders in the daemons' folders (and an
+    older ocrd's, straight in it), and any file that is not ocrd's own hidden one."""
+    if not work.exists():
+        return []
+    left = []
+    for entry in sorted(work.iterdir()):
+        if entry.name.startswith("."):
+            continue  # the leases
+        if not entry.is_dir() or (entry / ".claim.json").exists():
+            left.append(entry)
+            continue
+        left += [p for p in sorted(entry.iterdir()) if not p.name.startswith(".")]
+    return left
 
 
 def _output_stem(path: Path, outbox: Path) -> tuple[Path, str] | None:
@@ -71,8 +92,7 @@ def check(
     problems: list[str] = []
     left = [p for p in _files(inbox) if not p.name.startswith(".")]
     problems += [f"left in the inbox: {p}" for p in left]
-    if work.exists():
-        problems += [f"left in the work area: {p}" for p in sorted(work.iterdir())]
+    problems += [f"left in the work area: {p}" for p in left_in_work(work)]
 
     expected = Counter(_digest(p) for p in _files(inputs))
     failed_originals = [p for p in _files(failed) if not p.name.endswith(".error.json")]

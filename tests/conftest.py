@@ -77,9 +77,30 @@ def files_under(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
+def claims_left(work: Path) -> list[str]:
+    """What a work area still holds of claims: files and claim folders, relative to it, the
+    daemons' leases (`.leases/`) and their empty instance folders left out. [] once every
+    document has left it."""
+    if not work.exists():
+        return []
+    left = []
+    for path in sorted(work.rglob("*")):
+        relative = path.relative_to(work)
+        if relative.parts[0] == ".leases":
+            continue
+        if path.is_file() or len(relative.parts) >= 2:  # a claim folder in an instance's
+            left.append(str(relative))
+    return left
+
+
 def claimed_originals(work: Path) -> list[str]:
-    """Names of the originals held in a work area (ocrd's own files there are hidden)."""
-    return [Path(p).name for p in files_under(work) if not Path(p).name.startswith(".")]
+    """Names of the originals held in a work area (ocrd's own files there, and the leases'
+    folder, are hidden)."""
+    return [
+        Path(p).name
+        for p in files_under(work)
+        if not any(part.startswith(".") for part in Path(p).parts)
+    ]
 
 
 def markdown_under(folder: Path) -> list[str]:

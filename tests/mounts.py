@@ -1,6 +1,7 @@
-"""Real filesystems for storage-fault tests: a small tmpfs (full, read-only) and an SMB-like
-FUSE mount (refused names). Mounting needs root, as CI has; without it the tests fail with
-a message saying so rather than pass untested."""
+"""Real filesystems for storage-fault tests: a small tmpfs (full, read-only), an SMB-like
+FUSE mount (refused names), and a FUSE mount that behaves like an NFS share (lost replies,
+the server's clock, no inotify for other hosts' files). Mounting needs root, as CI has;
+without it the tests fail with a message saying so rather than pass untested."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 SMBFS = Path(__file__).with_name("smbfs.py")
+NETFS = Path(__file__).with_name("netfs.py")
 
 
 def _mount(*arguments: str) -> None:
@@ -62,23 +64,49 @@ def fill(folder: Path) -> Path:
 @contextmanager
 def smb_like(folder: Path) -> Iterator[Path]:
     """`folder` as a FUSE mount that refuses names as SMB and FAT do (tests/smbfs.py)."""
+    backing = folder.with_name(folder.name + ".backing")
+    with _fuse([str(SMBFS), str(backing), str(folder)], backing, folder, "SMB-like"):
+        yield folder
+
+
+@contextmanager
+def network_share(
+    backing: Path,
+    folder: Path,
+    lost_replies: int = 0,
+    clock_offset: float = 0.0,
+    counts: Path | None = None,
+) -> Iterator[Path]:
+    """`backing` mounted at `folder` like an NFS share (tests/netfs.py): every
+    `lost_replies`th rename or link answers as a retried request does, the server's clock
+    is `clock_offset` seconds off, and what is written to `backing` directly (another host)
+    raises no inotify event. Mount it more than once for several hosts."""
+    arguments = [str(NETFS), str(backing), str(folder), f"--lost-replies={lost_replies}"]
+    arguments.append(f"--clock-offset={clock_offset}")
+    if counts is not None:
+        arguments.append(f"--counts={counts}")
+    with _fuse(arguments, backing, folder, "network-like"):
+        yield folder
+
+
+@contextmanager
+def _fuse(arguments: list[str], backing: Path, folder: Path, kind: str) -> Iterator[None]:
     if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
         pytest.fail(
             "FUSE is not installed: run scripts/install_test_packages.sh (Debian's fuse3), "
             "or leave these tests out with -m 'not mounts'"
         )
-    backing = folder.with_name(folder.name + ".backing")
     backing.mkdir(parents=True, exist_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen([sys.executable, str(SMBFS), str(backing), str(folder)])
+    process = subprocess.Popen([sys.executable, *arguments])
     deadline = time.monotonic() + 20
     while not os.path.ismount(folder):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            pytest.fail(f"the SMB-like FUSE mount at {folder} did not come up (needs root)")
+            pytest.fail(f"the {kind} FUSE mount at {folder} did not come up (needs root)")
         time.sleep(0.05)
     try:
-        yield folder
+        yield
     finally:
         _unmount(folder)
         process.wait(timeout=20)

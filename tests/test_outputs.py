@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pymupdf
 import pytest
-from conftest import files_under, markdown_under, write_config
+from conftest import claims_left, files_under, markdown_under, write_config
 from helpers import make_pdf
 from separator_sheets import Sheet, stack_folder, stack_pdf
 
@@ -71,7 +71,7 @@ def test_a_batch_scan_splits_into_documents_at_its_separator_sheets(
     assert files_under(data / "done") == ["batch.pdf", *sorted(
         f"scan-0042/{p.name}" for p in (data / "done" / "scan-0042").iterdir()
     )]  # fmt: skip
-    assert not (data / "work").exists() or not any((data / "work").iterdir())
+    assert claims_left(data / "work") == []
 
 
 def by(events: list[dict[str, object]], path: str) -> dict[str, object]:

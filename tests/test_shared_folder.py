@@ -22,7 +22,7 @@ import httpx
 import pymupdf
 import pytest
 import yaml
-from conftest import files_under, markdown_under, wait_until, write_config
+from conftest import claims_left, files_under, markdown_under, wait_until, write_config
 from fleet import free_port
 from helpers import make_pdf
 from test_http import base_url, metric, run_ocrd_status
@@ -139,7 +139,7 @@ def test_files_ocrd_may_not_move_wait_listed_with_the_fix_and_go_once_fixed(
     assert "may not write alices-folder" in reasons["minutes.pdf"]
     assert "sticky bit" in reasons["bobs-scan.pdf"]
     assert "may not read the file" in reasons["private.pdf"]
-    assert list((data / "work").iterdir()) == []  # no empty claim folders
+    assert claims_left(data / "work") == []  # no empty claim folders
 
     report = httpx.get(f"{url}/api/status").json()
     listed = {b["path"]: b for b in report["inboxes"][0]["blocked"]}

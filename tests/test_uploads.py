@@ -20,10 +20,21 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import DaemonProcess, files_under, markdown_under, wait_until, write_config
+from conftest import (
+    DaemonProcess,
+    claims_left,
+    files_under,
+    markdown_under,
+    wait_until,
+    write_config,
+)
 from helpers import make_pdf
 from mounts import tmpfs
 from test_http import base_url
+
+from ocrd.claim import WorkArea
+from ocrd.config import load_config
+from ocrd.uploads import DocumentState, find_upload
 
 pytestmark = pytest.mark.slow
 
@@ -173,7 +184,7 @@ def test_an_uploaded_pdf_and_tiff_come_back_as_ocrd_convert_writes_them(
     assert (data / "done" / "uploads" / accepted["id"] / pdf.name).read_bytes() == (
         pdf.read_bytes()
     )
-    assert tidied(data / "inbox") and files_under(data / "work") == []
+    assert tidied(data / "inbox") and claims_left(data / "work") == []
     received = daemon.find("upload.received")
     assert {e["id"] for e in received} == {accepted["id"], by_curl["id"]}
     assert daemon.stop() == 0
@@ -374,7 +385,7 @@ def test_a_daemon_killed_while_an_upload_converts_answers_for_it_after_the_resta
     assert markdown == (out / "report.md").read_text() and "<!-- page 6 -->" in markdown
     data = tmp_path / "data"
     assert markdown_under(data / "outbox") == [f"uploads/{accepted['id']}/report.md"]
-    assert files_under(data / "work") == [] and tidied(data / "inbox")
+    assert claims_left(data / "work") == [] and tidied(data / "inbox")
     assert again.stop() == 0
 
 
@@ -516,3 +527,22 @@ def test_the_openapi_description_is_valid_and_names_every_route(
     states = description["components"]["schemas"]["DocumentState"]["enum"]
     assert states == ["waiting", "converting", "done", "failed"]
     assert daemon.stop() == 0
+
+
+def test_an_upload_claimed_by_another_daemon_on_the_inbox_is_found_converting(
+    tmp_path: Path,
+) -> None:
+    """Daemons sharing an inbox keep their claims in folders of their own (`work/<instance>/`):
+    whichever daemon is asked finds the upload there, in its claim."""
+    config = load_config(write_config(tmp_path, {"uploads": True}))
+    inbox = config.inboxes[0]
+    upload = inbox.path / "uploads" / "0123456789abcdef" / "report.pdf"
+    upload.parent.mkdir(parents=True)
+    make_pdf(upload, 1)
+    claim = WorkArea(inbox.path, inbox.work / "gpu2").claim(upload)
+    assert claim is not None
+
+    found = find_upload(inbox, "0123456789abcdef")
+
+    assert found is not None and found.state == DocumentState.converting
+    assert found.claim == claim.id and found.path == "uploads/0123456789abcdef/report.pdf"

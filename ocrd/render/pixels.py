@@ -9,6 +9,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from ocrd.files import rename_checked
+
 FIGURE_PNG_LEVEL = 3  # zlib level for figure files: much faster than 6, a few % larger
 
 
@@ -29,4 +31,4 @@ def write_png(image: Image.Image, path: Path) -> None:
         image.save(handle, format="PNG", compress_level=FIGURE_PNG_LEVEL)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(partial, path)
+    rename_checked(partial, path)  # on a network share, a retried rename is no failure
