@@ -29,8 +29,10 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+from conftest import write_config
 from PIL import Image
 
 
@@ -161,3 +163,18 @@ def _marked(body: dict[str, Any]) -> bool:
     content = body["messages"][0]["content"]
     url = next(part["image_url"]["url"] for part in content if part["type"] == "image_url")
     return marked(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))))
+
+
+def fleet_config(tmp_path: Path, fleet: StandInFleetServer, **openai: object) -> Path:
+    """A config with one inbox whose engine is `fleet` (quick retries, small pages)."""
+    engine = {
+        "kind": "openai",
+        "openai": {
+            "base_urls": [fleet.url],
+            "max_concurrency": 4,
+            "retry_backoff_seconds": 0.2,
+            "request_timeout_seconds": 30,
+            **openai,
+        },
+    }
+    return write_config(tmp_path, {"max_image_side": 768}, engine=engine)

@@ -10,25 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import files_under, markdown_under, wait_until, write_config
-from fleet import StandInFleetServer
+from conftest import files_under, markdown_under, wait_until
+from fleet import StandInFleetServer, fleet_config
 from helpers import make_pdf
 
 pytestmark = pytest.mark.slow
-
-
-def fleet_config(tmp_path: Path, fleet: StandInFleetServer, **openai: object) -> Path:
-    engine = {
-        "kind": "openai",
-        "openai": {
-            "base_urls": [fleet.url],
-            "max_concurrency": 4,
-            "retry_backoff_seconds": 0.2,
-            "request_timeout_seconds": 30,
-            **openai,
-        },
-    }
-    return write_config(tmp_path, {"max_image_side": 768}, engine=engine)
 
 
 def test_a_fleet_that_goes_away_twice_fails_nothing(

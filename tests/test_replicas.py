@@ -20,7 +20,7 @@ import psutil
 import pymupdf
 import pytest
 from conftest import files_under, markdown_under, wait_until, write_config
-from fleet import StandInFleetServer
+from fleet import StandInFleetServer, fleet_config
 from helpers import make_pdf
 from PIL import Image
 from test_http import base_url, metric, run_ocrd_status
@@ -457,15 +457,7 @@ def test_a_fleet_server_that_drops_the_same_page_twice_fails_only_that_document(
     fleet.crash_on_marked_pages = True
     fleet.start()
     try:
-        engine = {
-            "kind": "openai",
-            "openai": {
-                "base_urls": [fleet.url],
-                "max_concurrency": 4,
-                "retry_backoff_seconds": 0.2,
-            },
-        }
-        config = write_config(tmp_path, {"max_image_side": 768}, engine=engine)
+        config = fleet_config(tmp_path, fleet)
         inbox = tmp_path / "data" / "inbox"
         make_pdf(inbox / "good.pdf", 4)
         marked_pdf(inbox / "poison.pdf", 2, marked_page=1)
