@@ -41,6 +41,7 @@ from ocrd.config import RenderSettings  # noqa: E402
 from ocrd.render import RenderLimits  # noqa: E402
 from ocrd.render.image import RasterSource  # noqa: E402
 from ocrd.render.pdf import PdfSource  # noqa: E402
+from ocrd.render.protocol import RenderedPage  # noqa: E402
 from ocrd.render.separators import (  # noqa: E402
     SeparatorRules,
     detect_on_pdf_page,
@@ -83,12 +84,17 @@ def best_ms(work: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return best * 1000, result
 
 
+def engine_pixels(rendered: RenderedPage, buffer: mmap.mmap) -> Image.Image:
+    """The page as the engine gets it, from the shared buffer or the reply."""
+    pixels = rendered.payload if rendered.payload is not None else bytes(buffer[: rendered.size])
+    return Image.frombytes("RGB", (rendered.width, rendered.height), pixels)
+
+
 def measure_pdf(path: Path, number: int, repeat: int, buffer: mmap.mmap) -> dict[str, Any]:
     source = PdfSource(path, RenderSettings(), RenderLimits())
     render_ms, rendered = best_ms(lambda: source.render(number, buffer), repeat)
-    width, height, size, payload, _, _, blank = rendered
-    pixels = payload if payload is not None else bytes(buffer[:size])
-    engine_image = Image.frombytes("RGB", (width, height), pixels)
+    width, height, blank = rendered.width, rendered.height, rendered.blank
+    engine_image = engine_pixels(rendered, buffer)
     page = source.doc.load_page(number - 1)
     row: dict[str, Any] = {"render": render_ms, "size": f"{width}x{height}", "blank": blank}
     for name, rules in RULES.items():
@@ -103,9 +109,8 @@ def measure_pdf(path: Path, number: int, repeat: int, buffer: mmap.mmap) -> dict
 def measure_scan(path: Path, number: int, repeat: int, buffer: mmap.mmap) -> dict[str, Any]:
     source = RasterSource(path, RenderSettings(), RenderLimits())
     render_ms, rendered = best_ms(lambda: source.render(number, buffer), repeat)
-    width, height, size, payload, _, _, blank = rendered
-    pixels = payload if payload is not None else bytes(buffer[:size])
-    engine_image = Image.frombytes("RGB", (width, height), pixels)
+    width, height, blank = rendered.width, rendered.height, rendered.blank
+    engine_image = engine_pixels(rendered, buffer)
     dpi = source._dpi()
     row: dict[str, Any] = {"render": render_ms, "size": f"{width}x{height}", "blank": blank}
     for name, rules in RULES.items():
