@@ -106,6 +106,7 @@ class DaemonRun:
             stderr=subprocess.STDOUT,
             text=True,
             env=env,
+            cwd=tree,  # `python -m` imports from the working folder first: the tree's ocrd
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -117,6 +118,8 @@ class DaemonRun:
         for line in self.process.stdout:
             if line.startswith("{"):
                 self.events.append(Event(time.monotonic(), json.loads(line)))
+            else:  # a traceback, or vLLM's own lines: shown, so that a failed run says why
+                sys.stderr.write(line)
 
     def find(self, name: str, **fields: Any) -> list[Event]:
         return [
