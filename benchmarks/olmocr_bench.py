@@ -26,9 +26,9 @@ from harness import CORPUS
 from olmocr_scorer import check
 
 from ocrd.config import DocumentOptions, PipelineConfig, RapidOcrConfig
+from ocrd.documents.pipeline import Pipeline
 from ocrd.engines.rapidocr import RapidOcrEngine
-from ocrd.pipeline import Pipeline
-from ocrd.write import render_markdown
+from ocrd.output.write import render_markdown
 
 BENCH = CORPUS / "olmocr-bench"
 ROUTES = {"text_layer": "prefer", "pixels": "ocr"}

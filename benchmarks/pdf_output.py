@@ -29,9 +29,9 @@ from PIL import Image
 
 from ocrd.config import PromptMode
 from ocrd.domain import InputFormat, PageInfo, PageResult, PageText
-from ocrd.page import assemble_page
+from ocrd.output.page import assemble_page
+from ocrd.output.searchable import SearchablePdfError, SearchablePdfResult, write_searchable_pdf
 from ocrd.render import RenderError, detect_format
-from ocrd.searchable import SearchablePdfError, SearchablePdfResult, write_searchable_pdf
 
 DPI = 144
 MAX_SIDE = 2048

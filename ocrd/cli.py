@@ -136,7 +136,7 @@ def convert(
     log_level: str,
 ) -> None:
     """Convert FILES once, leaving them untouched; exit 1 if any failed."""
-    from ocrd.convert import convert_files
+    from ocrd.documents.convert import convert_files
 
     configure_logging(log_format, log_level)
     engine_config, pipeline_config, options = _one_off_options(config_path)
@@ -173,10 +173,10 @@ def rerender(
     The pages are rendered with the settings of the config's first inbox (or the defaults),
     as the daemon rendered them, so figures are cropped from the same pixels.
     """
+    from ocrd.documents.rerender import RawFileError
+    from ocrd.documents.rerender import rerender as rerender_document
     from ocrd.domain import DocumentFailed
     from ocrd.render import RenderLimits
-    from ocrd.rerender import RawFileError
-    from ocrd.rerender import rerender as rerender_document
 
     configure_logging(log_format, log_level)
     _, pipeline, options = _one_off_options(config_path)
@@ -199,7 +199,7 @@ def rerender(
 def status(config_path: Path, as_json: bool) -> None:
     """Show what a running daemon is doing; exit 1 if it is not ready, 2 if it is not
     reachable."""
-    from ocrd.statusclient import fetch_status, format_status
+    from ocrd.web.client import fetch_status, format_status
 
     config = _load(config_path)
     try:
@@ -215,7 +215,7 @@ def status(config_path: Path, as_json: bool) -> None:
 @config_option
 def check_config(config_path: Path | None) -> None:
     """Validate CONFIG and its folders; exit non-zero on any problem."""
-    from ocrd.checks import check_folders
+    from ocrd.config.checks import check_folders
 
     if config_path is None:
         raise click.UsageError("--config is required")

@@ -21,11 +21,11 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from ocrd import __version__, checks
-from ocrd.activity import Activity
-from ocrd.config import Config
-from ocrd.dispatch import Admission, Dispatcher
-from ocrd.document import DocumentRunner
+from ocrd import __version__
+from ocrd.config import Config, checks
+from ocrd.documents.dispatch import Admission, Dispatcher
+from ocrd.documents.document import DocumentRunner
+from ocrd.documents.pipeline import Pipeline
 from ocrd.engines import (
     Engine,
     EngineDeadError,
@@ -33,20 +33,20 @@ from ocrd.engines import (
     choose_engine,
     create_engine,
 )
-from ocrd.hooks import Hooks
-from ocrd.instances import InstanceNameError, Instances, Stopped, instance_name
-from ocrd.intake import Intake
-from ocrd.leases import LeaseConflict
+from ocrd.intake.inboxes import Intake
+from ocrd.intake.instances import InstanceNameError, Instances, Stopped, instance_name
+from ocrd.intake.leases import LeaseConflict
+from ocrd.intake.uploads import Uploads
 from ocrd.log import get_logger
-from ocrd.metrics import Metrics
 from ocrd.notify import SystemdNotifier
-from ocrd.pipeline import Pipeline
+from ocrd.output.hooks import Hooks
 from ocrd.service import Service
 from ocrd.signals import EarlySignals
 from ocrd.status import StatusReport
 from ocrd.supervise import Supervisor
-from ocrd.uploads import Uploads
-from ocrd.web import WebServer
+from ocrd.web.activity import Activity
+from ocrd.web.metrics import Metrics
+from ocrd.web.server import WebServer
 
 EXIT_OK = 0
 EXIT_FATAL = 70  # EX_SOFTWARE: systemd restarts the unit

@@ -14,8 +14,8 @@ from pathlib import Path
 from PIL import Image
 
 from ocrd.config import PromptMode
-from ocrd.grounding import Block
-from ocrd.markdown import looks_repetitive
+from ocrd.text.grounding import Block
+from ocrd.text.markdown import looks_repetitive
 
 
 class Stage(StrEnum):

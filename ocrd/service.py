@@ -20,19 +20,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocrd import __version__, checks
-from ocrd.activity import Activity
-from ocrd.config import Config, ConfigError, load_config
-from ocrd.dispatch import Dispatcher
-from ocrd.document import DocumentRunner
+from ocrd import __version__
+from ocrd.config import Config, ConfigError, checks, load_config
+from ocrd.config.reload import plan_reload
+from ocrd.documents.dispatch import Dispatcher
+from ocrd.documents.document import DocumentRunner
+from ocrd.documents.pipeline import Pipeline
 from ocrd.engines import Engine, EngineState, ReplicaFacts
-from ocrd.instances import Instances
-from ocrd.intake import Inbox, Intake
-from ocrd.leases import TakenOver
+from ocrd.intake.inboxes import Inbox, Intake
+from ocrd.intake.instances import Instances
+from ocrd.intake.leases import TakenOver
 from ocrd.log import get_logger
 from ocrd.notify import SystemdNotifier
-from ocrd.pipeline import Pipeline
-from ocrd.reload import plan_reload
 from ocrd.status import (
     WAITING_LISTED,
     FinishedDocument,
@@ -41,7 +40,8 @@ from ocrd.status import (
     StatusReport,
 )
 from ocrd.supervise import HEALTH_CHECK_SECONDS, Supervisor
-from ocrd.web import WebServer
+from ocrd.web.activity import Activity
+from ocrd.web.server import WebServer
 
 TICK_SECONDS = 0.1
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from ocrd.domain import DocumentSummary, Outcome
-from ocrd.dropped import printable
+from ocrd.files.dropped import printable
 
 WAITING_LISTED = 100  # waiting files listed per inbox; the count covers all of them
 

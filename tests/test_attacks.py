@@ -31,8 +31,8 @@ from test_http_clients import answer
 from test_shared_folder import make_text_pdf
 from users import SERVICE, Runtime, give, service_runtime, shared_data
 
-from ocrd.claim import Changed, WorkArea
-from ocrd.watch import look_at
+from ocrd.intake.claim import Changed, WorkArea
+from ocrd.intake.watch import look_at
 
 pytestmark = pytest.mark.slow
 

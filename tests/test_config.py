@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ocrd.checks import check_folders
 from ocrd.config import ConfigError, PromptMode, load_config
+from ocrd.config.checks import check_folders
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 from conftest import files_under
 
-from ocrd import document
 from ocrd.backoff import Backoff
-from ocrd.claim import Claim, Naming, Settlement, WorkArea
 from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
-from ocrd.document import DocumentRunner, Route
+from ocrd.documents import document
+from ocrd.documents.document import DocumentRunner, Route
 from ocrd.domain import (
     DocumentFailed,
     DocumentResult,
@@ -29,9 +28,10 @@ from ocrd.domain import (
     Stage,
 )
 from ocrd.engines import EngineDeadError
-from ocrd.grounding import Block
-from ocrd.page import PageResult
-from ocrd.settle import Settler
+from ocrd.intake.claim import Claim, Naming, Settlement, WorkArea
+from ocrd.output.page import PageResult
+from ocrd.output.settle import Settler
+from ocrd.text.grounding import Block
 
 
 class ScriptedPipeline:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ocrd.grounding import Block, Box, parse_page
-from ocrd.markdown import (
+from ocrd.text.grounding import Block, Box, parse_page
+from ocrd.text.markdown import (
     html_table_to_pipes,
     looks_repetitive,
     page_markdown,

@@ -21,7 +21,7 @@ from test_http import base_url, metric
 
 from ocrd.config import InboxEntry
 from ocrd.domain import DocumentSummary, Outcome
-from ocrd.hooks import Hooks
+from ocrd.output.hooks import Hooks
 
 pytestmark = pytest.mark.slow
 

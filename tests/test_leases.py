@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 from mounts import network_share
 
-from ocrd import leases
-from ocrd.claim import ClaimLost, WorkArea
 from ocrd.config import InboxEntry, parse_config
+from ocrd.config.reload import plan_reload
 from ocrd.files import rename_checked, rename_new
-from ocrd.instances import InstanceNameError, Lease, instance_name
-from ocrd.leases import (
+from ocrd.intake import leases
+from ocrd.intake.claim import ClaimLost, WorkArea
+from ocrd.intake.instances import InstanceNameError, Lease, instance_name
+from ocrd.intake.leases import (
     LEASES,
     Acquired,
     Holder,
@@ -32,8 +33,7 @@ from ocrd.leases import (
     Waiting,
     takeable,
 )
-from ocrd.reload import plan_reload
-from ocrd.watch import filesystem_of, is_network_filesystem, polling_of, scan
+from ocrd.intake.watch import filesystem_of, is_network_filesystem, polling_of, scan
 
 LEASE = 30.0
 

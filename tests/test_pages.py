@@ -15,11 +15,11 @@ import pytest
 from PIL import Image, ImageDraw
 
 from ocrd.config import DocumentOptions, PipelineConfig, RapidOcrConfig, SimulatedConfig
+from ocrd.documents.pipeline import Pipeline
 from ocrd.domain import DocumentFailed, DocumentResult, PageSource
 from ocrd.engines.rapidocr import RapidOcrEngine
 from ocrd.engines.simulated import SimulatedEngine
-from ocrd.pipeline import Pipeline
-from ocrd.write import BLANK_MARKER, render_markdown, write_document
+from ocrd.output.write import BLANK_MARKER, render_markdown, write_document
 
 BORN_DIGITAL = ["earnings.pdf", "multi_column_miss.pdf", "olmo2-pg4.pdf", "math_2503_04086.pdf"]
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from helpers import make_pdf
 
 from ocrd.config import DocumentOptions, PipelineConfig, PromptMode, SimulatedConfig
+from ocrd.documents.pipeline import Pipeline
 from ocrd.domain import DocumentFailed, PageImage, PageText
 from ocrd.engines.base import EngineError
 from ocrd.engines.simulated import SimulatedEngine
-from ocrd.pipeline import Pipeline
 
 
 class RecordingEngine(SimulatedEngine):

@@ -11,7 +11,7 @@ from PIL import Image
 from ocrd.config import PromptMode, RapidOcrConfig
 from ocrd.domain import PageImage
 from ocrd.engines.rapidocr import RapidOcrEngine
-from ocrd.lines import TextLine, lines_to_markdown
+from ocrd.text.lines import TextLine, lines_to_markdown
 
 
 def words(text: str) -> list[str]:

@@ -13,7 +13,7 @@ from conftest import files_under, wait_until, write_config
 from helpers import make_pdf
 
 from ocrd.config import Config, InboxConfig, parse_config
-from ocrd.reload import plan_reload
+from ocrd.config.reload import plan_reload
 
 pytestmark = pytest.mark.slow
 

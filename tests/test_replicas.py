@@ -34,6 +34,7 @@ from ocrd.config import (
     SamplingConfig,
     SupervisionConfig,
 )
+from ocrd.documents.pipeline import Pipeline
 from ocrd.domain import PageImage, PageText
 from ocrd.engines import EngineState, PageCrashedError, ReplicaState, create_engine, selfcheck
 from ocrd.engines.keepers import ChildCommand, ProcessKeeper
@@ -41,7 +42,6 @@ from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageFiles
 from ocrd.engines.router import Replica, Router, RouterSettings, merge_metrics
 from ocrd.engines.simulated_server import MARK
-from ocrd.pipeline import Pipeline
 
 FAST_SUPERVISION = {
     "restart_backoff_seconds": 0.3,

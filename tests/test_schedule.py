@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ocrd.schedule import PageBudget, Ticket
+from ocrd.documents.schedule import PageBudget, Ticket
 
 
 async def settle() -> None:

@@ -26,6 +26,8 @@ import pytest
 from PIL import Image
 
 from ocrd.config import DocumentOptions, PipelineConfig, PromptMode, RapidOcrConfig
+from ocrd.documents.pipeline import Pipeline
+from ocrd.documents.sources import SourceKind, Sources, page_files, page_order
 from ocrd.domain import (
     InputFormat,
     PageInfo,
@@ -34,18 +36,16 @@ from ocrd.domain import (
     PageText,
 )
 from ocrd.engines.rapidocr import RapidOcrEngine
-from ocrd.grounding import SCALE
-from ocrd.markdown import page_markdown
-from ocrd.page import assemble_page
-from ocrd.pipeline import Pipeline
-from ocrd.searchable import (
+from ocrd.output.page import assemble_page
+from ocrd.output.searchable import (
     SearchablePdfError,
     SearchablePdfResult,
     image_pdf,
     write_searchable_pdf,
 )
-from ocrd.sources import SourceKind, Sources, page_files, page_order
-from ocrd.textlayer import block_lines
+from ocrd.output.textlayer import block_lines
+from ocrd.text.grounding import SCALE
+from ocrd.text.markdown import page_markdown
 
 PASSWORD = "ELXRTQWS"  # corpus/hostile/pdf-js__issue3371.pdf (corpus README)
 MIN_RECALL = 0.98

@@ -26,6 +26,7 @@ from separator_sheets import (
 )
 
 from ocrd.config import ConfigError, RenderSettings, parse_config
+from ocrd.documents.sources import Sources, page_files, page_order
 from ocrd.domain import InputFormat, PageImage, SeparatorKind, SeparatorMark
 from ocrd.render import RenderLimits, RenderPool, SourceFile, detect_format
 from ocrd.render.separators import (
@@ -37,7 +38,6 @@ from ocrd.render.separators import (
     needs_looking,
     split_pages,
 )
-from ocrd.sources import Sources, page_files, page_order
 
 SPLIT_BARCODE = r"SPLIT-\d{4}"
 EVERYTHING = SeparatorRules.of(["patch_t", "barcode", "blank"], SPLIT_BARCODE)

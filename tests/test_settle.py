@@ -8,13 +8,13 @@ from pathlib import Path
 
 from conftest import files_under
 
-from ocrd.claim import WorkArea
 from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
 from ocrd.domain import DocumentFailed, DocumentResult, InputFormat
 from ocrd.engines.base import PageText
-from ocrd.grounding import Block
-from ocrd.page import PageResult
-from ocrd.settle import Settler
+from ocrd.intake.claim import WorkArea
+from ocrd.output.page import PageResult
+from ocrd.output.settle import Settler
+from ocrd.text.grounding import Block
 
 
 def setup(tmp_path: Path) -> tuple[InboxConfig, WorkArea, Settler]:

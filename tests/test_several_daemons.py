@@ -25,7 +25,7 @@ from mounts import network_share
 from test_http import base_url, metric
 
 from ocrd.status import StatusReport
-from ocrd.statusclient import format_status
+from ocrd.web.client import format_status
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from check_invariants import check

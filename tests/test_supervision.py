@@ -16,8 +16,8 @@ from conftest import NotifySocket, write_config
 
 from ocrd.config import load_config
 from ocrd.daemon import EXIT_FATAL, Daemon
-from ocrd.dispatch import Dispatcher
-from ocrd.intake import Intake, Job
+from ocrd.documents.dispatch import Dispatcher
+from ocrd.intake.inboxes import Intake, Job
 
 
 async def wait_for(condition, seconds: float, what: str) -> None:

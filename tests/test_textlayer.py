@@ -7,11 +7,8 @@ import re
 
 from ocrd.config import PromptMode
 from ocrd.domain import PageInfo, PageResult, PageSource, PageText
-from ocrd.grounding import Block, Box, parse_page
-from ocrd.lines import TextLine, lines_to_markdown
-from ocrd.markdown import page_markdown
-from ocrd.page import assemble_page
-from ocrd.textlayer import (
+from ocrd.output.page import assemble_page
+from ocrd.output.textlayer import (
     PAGE_REGION,
     PlacedLine,
     block_lines,
@@ -24,6 +21,9 @@ from ocrd.textlayer import (
     skew_slope,
     wrap_filled,
 )
+from ocrd.text.grounding import Block, Box, parse_page
+from ocrd.text.lines import TextLine, lines_to_markdown
+from ocrd.text.markdown import page_markdown
 
 LETTER = (612.0, 792.0)
 PAGE = """<|ref|>title<|/ref|><|det|>[[62, 38, 934, 71]]<|/det|>

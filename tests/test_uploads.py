@@ -32,9 +32,9 @@ from helpers import make_pdf
 from mounts import tmpfs
 from test_http import base_url
 
-from ocrd.claim import WorkArea
 from ocrd.config import load_config
-from ocrd.uploads import DocumentState, find_upload
+from ocrd.intake.claim import WorkArea
+from ocrd.intake.uploads import DocumentState, find_upload
 
 pytestmark = pytest.mark.slow
 

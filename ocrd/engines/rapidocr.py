@@ -18,8 +18,8 @@ from ocrd.config import PromptMode, RapidOcrConfig
 from ocrd.domain import PageImage, PageText
 from ocrd.engines.base import EngineError, EngineHealth, EngineState, InProcess
 from ocrd.engines.slots import PrioritySlots
-from ocrd.grounding import Block, Box
-from ocrd.lines import TextLine, lines_to_markdown
+from ocrd.text.grounding import Block, Box
+from ocrd.text.lines import TextLine, lines_to_markdown
 
 
 def _to_lines(boxes: Any, texts: Sequence[str]) -> list[TextLine]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ocrd.domain import InputFormat
-from ocrd.dropped import NotRegularFile, opened
+from ocrd.files.dropped import NotRegularFile, opened
 from ocrd.render.errors import RenderError, RenderFailure
 
 _SIGNATURES: tuple[tuple[bytes, InputFormat], ...] = (

@@ -11,7 +11,7 @@ from PIL import Image
 
 from ocrd.config import RenderSettings
 from ocrd.domain import Figure
-from ocrd.dropped import NotRegularFile, open_input
+from ocrd.files.dropped import NotRegularFile, open_input
 from ocrd.render.analysis import looks_blank
 from ocrd.render.detect import not_a_file
 from ocrd.render.errors import RenderError, RenderFailure

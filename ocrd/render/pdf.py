@@ -17,14 +17,14 @@ from PIL import Image
 
 from ocrd.config import RenderSettings
 from ocrd.domain import Figure, TextLayer
-from ocrd.dropped import NotRegularFile, open_input
-from ocrd.grounding import Block, Box
+from ocrd.files.dropped import NotRegularFile, open_input
 from ocrd.render.analysis import judge_text_layer, looks_blank
 from ocrd.render.detect import not_a_file
 from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.pixels import hand_over, write_png
 from ocrd.render.protocol import Region, RenderedPage, RenderLimits
 from ocrd.render.separators import SeparatorRules, detect_on_pdf_page
+from ocrd.text.grounding import Block, Box
 
 EMBEDDED_COVER = 0.9  # an embedded image covering this much of a figure's box supplies it
 

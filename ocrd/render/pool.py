@@ -31,6 +31,7 @@ from PIL import Image
 from ocrd.config import RenderSettings
 from ocrd.domain import Figure, InputFormat, PageImage, TextLayer
 from ocrd.handoff import WaitingLine
+from ocrd.output.searchable import SearchablePdfResult
 from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.protocol import (
     CutFigures,
@@ -53,7 +54,6 @@ from ocrd.render.protocol import (
 )
 from ocrd.render.separators import SeparatorRules
 from ocrd.render.worker import OPEN_SOURCES_PER_WORKER, worker_main
-from ocrd.searchable import SearchablePdfResult
 
 WORKER_START_SECONDS = 60.0
 R = TypeVar("R", bound=Reply)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ocrd.config import PipelineConfig, RenderSettings
 from ocrd.domain import Figure, InputFormat, PageResult, SeparatorMark, TextLayer
+from ocrd.output.searchable import SearchablePdfResult
 from ocrd.render.errors import RenderFailure
 from ocrd.render.separators import SeparatorRules
-from ocrd.searchable import SearchablePdfResult
 
 Region = tuple[float, float, float, float]  # a part of a page as fractions (0..1) of it
 

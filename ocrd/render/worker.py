@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocrd.domain import InputFormat, TextLayer
+from ocrd.output.searchable import SearchablePdfError, SearchablePdfResult, write_searchable_pdf
 from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.image import RasterSource
 from ocrd.render.pdf import PdfSource
@@ -41,7 +42,6 @@ from ocrd.render.protocol import (
     WriteSearchablePdf,
     page_of,
 )
-from ocrd.searchable import SearchablePdfError, SearchablePdfResult, write_searchable_pdf
 
 OPEN_SOURCES_PER_WORKER = 4
 MAX_FINDINGS_SHOWN = 3

@@ -21,10 +21,8 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from ocrd import __version__
-from ocrd.claim import Claim, Naming, Settlement, now_iso
 from ocrd.config import DocumentOptions, InboxConfig
 from ocrd.domain import DocumentFailed, DocumentResult, Outcome
-from ocrd.dropped import printable
 from ocrd.files import (
     candidate_names,
     free_name,
@@ -34,8 +32,10 @@ from ocrd.files import (
     numbered,
     write_new_file,
 )
-from ocrd.storage import OwnerRefused, safe_part, safe_relative
-from ocrd.write import (
+from ocrd.files.dropped import printable
+from ocrd.files.storage import OwnerRefused, safe_part, safe_relative
+from ocrd.intake.claim import Claim, Naming, Settlement, now_iso
+from ocrd.output.write import (
     discard_outputs,
     markdown_path,
     outputs_free,

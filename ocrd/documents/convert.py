@@ -19,13 +19,13 @@ from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 
 from ocrd.config import DocumentOptions, EngineConfig, PipelineConfig
+from ocrd.documents.pipeline import Pipeline, Progress
 from ocrd.domain import DocumentFailed
 from ocrd.engines import EngineDeadError, choose_engine, create_engine
 from ocrd.files import free_name
 from ocrd.log import get_logger
-from ocrd.pipeline import Pipeline, Progress
-from ocrd.settle import ERROR_SUFFIX, error_report, write_report
-from ocrd.write import markdown_target, write_parts
+from ocrd.output.settle import ERROR_SUFFIX, error_report, write_report
+from ocrd.output.write import markdown_target, write_parts
 
 REFRESH_SECONDS = 0.25
 PLAIN_LINE_SECONDS = 5.0

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ocrd.claim import ClaimLost
 from ocrd.config import InstancesConfig
-from ocrd.leases import (
+from ocrd.intake.claim import ClaimLost
+from ocrd.intake.leases import (
     INSTANCE_ENV,
     NAME,
     Acquired,

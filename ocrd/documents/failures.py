@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ocrd.domain import DocumentFailed, DocumentResult, Split, Stage
 from ocrd.engines import EngineDeadError, EngineError
+from ocrd.files.storage import describe
 from ocrd.render import RenderError
 from ocrd.render.errors import RenderFailure
-from ocrd.storage import describe
 
 
 def _leaves(error: BaseException) -> list[BaseException]:

@@ -39,7 +39,8 @@ from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 from ocrd.domain import Outcome
-from ocrd.dropped import (
+from ocrd.files import fsync_dir, release, rename_new, replace_file, reserve
+from ocrd.files.dropped import (
     Identity,
     NotRegularFile,
     kind_of,
@@ -47,7 +48,6 @@ from ocrd.dropped import (
     open_regular,
     printable,
 )
-from ocrd.files import fsync_dir, release, rename_new, replace_file, reserve
 
 STATE_FILE = ".claim.json"
 

@@ -22,8 +22,8 @@ from ocrd.domain import (
     SeparatorMark,
     TextLayer,
 )
-from ocrd.grounding import Block, Box, parse_page
-from ocrd.markdown import looks_repetitive
+from ocrd.text.grounding import Block, Box, parse_page
+from ocrd.text.markdown import looks_repetitive
 
 MIN_FIGURE_SIDE_PX = 16  # smaller boxes (on the engine's image) are noise or degenerate
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES
 from ocrd.domain import InputFormat
-from ocrd.dropped import UNLISTABLE, printable, regular_files
+from ocrd.files.dropped import UNLISTABLE, printable, regular_files
 from ocrd.render import RenderError, RenderFailure, SourceFile, detect_format
 
 

@@ -22,10 +22,10 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from ocrd.claim import Changed, Claim, ClaimLost, NotClaimable
-from ocrd.document import DocumentRunner
-from ocrd.dropped import printable
-from ocrd.intake import Inbox, Intake, Job
+from ocrd.documents.document import DocumentRunner
+from ocrd.files.dropped import printable
+from ocrd.intake.claim import Changed, Claim, ClaimLost, NotClaimable
+from ocrd.intake.inboxes import Inbox, Intake, Job
 from ocrd.log import get_logger
 from ocrd.status import WaitingFile
 

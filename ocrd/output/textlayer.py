@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 
 from ocrd.domain import PageResult, PageSource
-from ocrd.grounding import SCALE, Block, Box
-from ocrd.lines import TextLine, reading_order
-from ocrd.markdown import scrub_tags
+from ocrd.text.grounding import SCALE, Block, Box
+from ocrd.text.lines import TextLine, reading_order
+from ocrd.text.markdown import scrub_tags
 
 Region = tuple[float, float, float, float]  # left, top, right, bottom as fractions (0..1)
 

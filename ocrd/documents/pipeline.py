@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ocrd import failures
 from ocrd.backoff import Backoff
 from ocrd.config import (
     BlankPages,
@@ -27,6 +26,9 @@ from ocrd.config import (
     PromptMode,
     UnfinishedPages,
 )
+from ocrd.documents import failures
+from ocrd.documents.schedule import PageBudget, Ticket
+from ocrd.documents.sources import PageRef, SourceKind, Sources, page_files, page_order
 from ocrd.domain import (
     DocumentResult,
     InputFormat,
@@ -39,7 +41,7 @@ from ocrd.domain import (
 )
 from ocrd.engines import Engine, EngineError
 from ocrd.log import FilteringBoundLogger, get_logger
-from ocrd.page import (
+from ocrd.output.page import (
     PageJournal,
     assemble_page,
     better,
@@ -52,8 +54,6 @@ from ocrd.page import (
 from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile
 from ocrd.render.protocol import WriteSearchablePdf
 from ocrd.render.separators import SeparatorRules, split_pages
-from ocrd.schedule import PageBudget, Ticket
-from ocrd.sources import PageRef, SourceKind, Sources, page_files, page_order
 
 PDF_SECONDS_PER_PAGE = 1.0  # a searchable PDF's time limit, beside a page's
 PDF_ARCHIVE_SECONDS_PER_PAGE = 5.0  # PDF/A may go through Ghostscript

@@ -42,16 +42,16 @@ from enum import StrEnum
 from pathlib import Path, PurePath
 from typing import Any
 
-from ocrd.claim import STATE_FILE
 from ocrd.config import UPLOADS_FOLDER, Config, InboxConfig
-from ocrd.document import DocumentRunner, InFlight
+from ocrd.documents.document import DocumentRunner, InFlight
 from ocrd.domain import DocumentSummary, Outcome
-from ocrd.dropped import NotRegularFile, kind_of, printable
 from ocrd.files import numbered
+from ocrd.files.dropped import NotRegularFile, kind_of, printable
+from ocrd.intake.claim import STATE_FILE
+from ocrd.intake.watch import is_candidate_name, job_folder_of
 from ocrd.log import get_logger
-from ocrd.settle import ERROR_SUFFIX
-from ocrd.watch import is_candidate_name, job_folder_of
-from ocrd.write import OutputFiles
+from ocrd.output.settle import ERROR_SUFFIX
+from ocrd.output.write import OutputFiles
 
 UPLOAD_ID = re.compile(r"^[a-z2-7]{26}$")  # 128 random bits in base32
 CLAIM_ID = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")  # claim.new_claim_id

@@ -21,19 +21,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ocrd import crashes, failures
-from ocrd.claim import Claim, NotClaimable, WorkArea
-from ocrd.collate import Collator
 from ocrd.config import InboxConfig
-from ocrd.document import Route
+from ocrd.documents import crashes, failures
+from ocrd.documents.document import Route
 from ocrd.domain import DocumentFailed
-from ocrd.dropped import Identity, printable
 from ocrd.files import remove_stale_temporaries
-from ocrd.instances import Instances
-from ocrd.leases import TakenOver
+from ocrd.files.dropped import Identity, printable
+from ocrd.intake.claim import Claim, NotClaimable, WorkArea
+from ocrd.intake.collate import Collator
+from ocrd.intake.instances import Instances
+from ocrd.intake.leases import TakenOver
+from ocrd.intake.watch import InboxWatcher, QuietTracker, stat_all
 from ocrd.log import get_logger
 from ocrd.status import WAITING_LISTED, BlockedFile, WaitingFile
-from ocrd.watch import InboxWatcher, QuietTracker, stat_all
 
 
 @dataclass(frozen=True)

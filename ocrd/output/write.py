@@ -19,7 +19,6 @@ from urllib.parse import quote
 from ocrd import __version__
 from ocrd.config import BlankPages, DocumentOptions
 from ocrd.domain import DocumentResult, Figure, PageResult, PageSource
-from ocrd.dropped import printable
 from ocrd.files import (
     fsync_dir,
     json_bytes,
@@ -30,9 +29,10 @@ from ocrd.files import (
     temporary_path,
     write_new_file,
 )
-from ocrd.grounding import Block
-from ocrd.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
-from ocrd.page import figure_box_px, page_record
+from ocrd.files.dropped import printable
+from ocrd.output.page import figure_box_px, page_record
+from ocrd.text.grounding import Block
+from ocrd.text.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
 
 BLANK_MARKER = "*(blank page)*"
 UNFINISHED_MARKER = (

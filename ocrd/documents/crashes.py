@@ -12,9 +12,9 @@ blames nothing: its documents simply resume.
 
 from __future__ import annotations
 
-from ocrd.claim import Claim
 from ocrd.domain import DocumentFailed, Stage
 from ocrd.engines import EngineDeadError
+from ocrd.intake.claim import Claim
 
 DEATHS_TO_SET_ASIDE = 2
 

@@ -12,14 +12,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from ocrd import failures
 from ocrd.config import DocumentOptions, OutputKind
+from ocrd.documents import failures
+from ocrd.documents.pipeline import cut_figures, searchable_pdfs, split_document
+from ocrd.documents.sources import PageRef, SourceKind
 from ocrd.domain import DocumentFailed, DocumentResult
-from ocrd.page import RawPage, text_from_record
-from ocrd.pipeline import cut_figures, searchable_pdfs, split_document
+from ocrd.output.page import RawPage, text_from_record
+from ocrd.output.write import markdown_target, write_parts
 from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile, detect_format
-from ocrd.sources import PageRef, SourceKind
-from ocrd.write import markdown_target, write_parts
 
 
 class RawFileError(Exception):

@@ -43,7 +43,7 @@ from watchdog.observers.polling import PollingObserverVFS
 
 from ocrd.backoff import Backoff
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, InboxConfig
-from ocrd.dropped import Identity, link_on_the_way, printable
+from ocrd.files.dropped import Identity, link_on_the_way, printable
 from ocrd.log import get_logger
 
 STAT_RETRY = Backoff(first=1.0, cap=60.0)

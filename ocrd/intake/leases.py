@@ -50,8 +50,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from ocrd import __version__
-from ocrd.claim import STATE_FILE
 from ocrd.files import rename_checked, rename_new
+from ocrd.intake.claim import STATE_FILE
 
 INSTANCE_ENV = "OCRD_INSTANCE"
 LEASES = ".leases"

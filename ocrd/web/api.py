@@ -34,12 +34,11 @@ from urllib.parse import quote
 from aiohttp import BodyPartReader, ClientPayloadError, web
 from pydantic import BaseModel
 
-from ocrd import __version__, openapi
+from ocrd import __version__
 from ocrd.config import HttpConfig
-from ocrd.dropped import printable
-from ocrd.log import get_logger
-from ocrd.storage import describe
-from ocrd.uploads import (
+from ocrd.files.dropped import printable
+from ocrd.files.storage import describe
+from ocrd.intake.uploads import (
     DocumentState,
     Found,
     Outputs,
@@ -49,6 +48,8 @@ from ocrd.uploads import (
     clean_filename,
     is_document_id,
 )
+from ocrd.log import get_logger
+from ocrd.web import openapi
 
 READ_BYTES = 256 * 1024  # read from the client at a time
 WRITE_BYTES = 1024 * 1024  # written to disk at a time, in a thread

@@ -28,8 +28,8 @@ import httpx
 from ocrd.backoff import Backoff
 from ocrd.config import HookConfig, InboxConfig, WebhookConfig
 from ocrd.domain import DocumentSummary, Outcome
-from ocrd.dropped import printable
 from ocrd.files import json_bytes
+from ocrd.files.dropped import printable
 from ocrd.log import get_logger
 
 OUTPUT_LIMIT = 4000  # bytes of a command's output kept for the log (its tail)

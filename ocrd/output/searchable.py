@@ -41,9 +41,9 @@ from PIL import Image
 
 from ocrd import __version__
 from ocrd.domain import InputFormat, PageResult
-from ocrd.dropped import open_input
 from ocrd.files import temporary_path
-from ocrd.textlayer import PlacedLine, page_lines
+from ocrd.files.dropped import open_input
+from ocrd.output.textlayer import PlacedLine, page_lines
 
 FONT_NAME = "OcrdInvisibleText"  # the font's name in the PDF (BaseFont)
 FONT_RESOURCE = "OcrdText"  # its name in a page's resources (another if taken)
@@ -667,7 +667,7 @@ def _archive(
     passes its validator; otherwise `base` through Ghostscript, the same layer laid over
     that (Ghostscript never rewrites the layer's font or positions), and validated. Which
     way it went; SearchablePdfError with the findings where neither passes."""
-    from ocrd.pdfa import PdfaError, ghostscript_pdfa, save_validated
+    from ocrd.output.pdfa import PdfaError, ghostscript_pdfa, save_validated
 
     staged, rewritten, relayered = (temporary_path(target.parent) for _ in range(3))
     try:

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from html.parser import HTMLParser
 
-from ocrd.grounding import Block
+from ocrd.text.grounding import Block
 
 _ANY_TAG = re.compile(r"<\|/?[a-z_]{1,20}\|>|<｜[^｜\n]{1,40}｜>")
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from aiohttp.web_runner import BaseSite
 
-from ocrd.api import DocumentsApi, token_matches
 from ocrd.config import HttpConfig
+from ocrd.intake.uploads import Uploads
 from ocrd.log import get_logger
-from ocrd.metrics import CONTENT_TYPE, Metrics
 from ocrd.status import StatusReport
-from ocrd.statuspage import render
 from ocrd.supervise import Liveness
-from ocrd.uploads import Uploads
+from ocrd.web.api import DocumentsApi, token_matches
+from ocrd.web.metrics import CONTENT_TYPE, Metrics
+from ocrd.web.statuspage import render
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LINGERING_SECONDS = 1.0  # after the answer, how long a body nobody reads may still come

@@ -34,21 +34,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ocrd import crashes, failures
 from ocrd.backoff import Backoff
-from ocrd.claim import Claim, ClaimLost, Naming, Settlement
 from ocrd.config import DocumentOptions, InboxConfig
+from ocrd.documents import crashes, failures
+from ocrd.documents.pipeline import Pipeline, Progress
+from ocrd.documents.sources import SourceKind, Sources, job_snapshot
 from ocrd.domain import DocumentFailed, DocumentResult, DocumentSummary, Outcome, Stage
-from ocrd.dropped import printable
 from ocrd.engines import EngineDeadError
+from ocrd.files.dropped import printable
+from ocrd.files.storage import Fault, classify, describe
+from ocrd.intake.claim import Claim, ClaimLost, Naming, Settlement
 from ocrd.log import FilteringBoundLogger, get_logger
-from ocrd.page import PageJournal
-from ocrd.pipeline import Pipeline, Progress
-from ocrd.settle import Settler
-from ocrd.sources import SourceKind, Sources, job_snapshot
+from ocrd.output.page import PageJournal
+from ocrd.output.settle import Settler
+from ocrd.output.write import OutputFiles
 from ocrd.status import DocumentProgress, eta
-from ocrd.storage import Fault, classify, describe
-from ocrd.write import OutputFiles
 
 T = TypeVar("T")
 
