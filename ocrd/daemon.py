@@ -45,6 +45,7 @@ from ocrd.signals import EarlySignals
 from ocrd.status import StatusReport
 from ocrd.supervise import Supervisor
 from ocrd.web.activity import Activity
+from ocrd.web.documents import Documents
 from ocrd.web.metrics import Metrics
 from ocrd.web.server import WebServer
 
@@ -77,6 +78,7 @@ class Daemon:
         self.hooks = Hooks(lambda *labels: self.metrics.hooks.labels(*labels).inc())
         self.report: Callable[[], StatusReport] = lambda: StatusReport.loading(__version__)
         self.uploads = Uploads(config)  # taken from the start, while the engine loads
+        self.documents = Documents(config)
         self.stopping = asyncio.Event()
         self.instances: Instances  # made in `run`, where a bad instance name can exit 78
         self.exit_code = EXIT_OK
@@ -143,7 +145,7 @@ class Daemon:
     async def web_server(self) -> AsyncIterator[WebServer]:
         web = WebServer(
             self.config.http, lambda: self.report(), self.supervisor.pulse.liveness, self.metrics,
-            self.uploads,
+            self.uploads, self.documents,
         )  # fmt: skip
         await web.serve()
         try:
@@ -200,14 +202,14 @@ class Daemon:
             lambda _, summary: self.metrics.document_finished(summary),
             self.hooks.document_finished,
         ]
-        intake = Intake(engine.name, self.instances)
+        intake = Intake(self.instances)
         dispatcher = Dispatcher(intake, runner, Admission(1), self.document_crashed)
         service = Service(
             self.config, self.config_path, engine, pipeline, runner, intake, dispatcher,
             self.supervisor, self.activity, self.notifier, web, self.stopping, self.instances,
         )  # fmt: skip
         runner.on_storage_fault += [self.metrics.storage_fault, service.report_status]
-        self.uploads.follow(runner)
+        self.documents.follow(runner)
         for config in self.config.inboxes:
             _, recovered = await intake.add(config)
             dispatcher.add(recovered)

@@ -155,6 +155,8 @@ class Service:
         self.config = plan.config
         if self.web.uploads is not None:
             self.web.uploads.configure(plan.config)
+        if self.web.documents is not None:
+            self.web.documents.configure(plan.config)
         self.apply_pipeline_settings()
         if plan.http_changed:
             await self.web.serve(plan.config.http)

@@ -34,7 +34,7 @@ from test_http import base_url
 
 from ocrd.config import load_config
 from ocrd.intake.claim import WorkArea
-from ocrd.intake.uploads import DocumentState, find_upload
+from ocrd.web.documents import DocumentState, find_upload
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,9 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from ocrd.documents.document import DocumentRunner
+from ocrd.documents import crashes, failures
+from ocrd.documents.document import DocumentRunner, Route
+from ocrd.domain import DocumentFailed
 from ocrd.files.dropped import printable
 from ocrd.intake.claim import Changed, Claim, ClaimLost, NotClaimable
 from ocrd.intake.inboxes import Inbox, Intake, Job
@@ -62,6 +64,18 @@ class Admission:
             self._alone = None
 
 
+def runs_alone(job: Job) -> bool:
+    """A recovered claim struck by an engine crash runs with no other document."""
+    return job.claim is not None and crashes.runs_alone(job.claim)
+
+
+def known_failure(job: Job) -> DocumentFailed | None:
+    """Why a job fails before it is read, if it does."""
+    if job.still_growing:
+        return failures.still_growing(job.inbox.config.max_settle_wait_seconds)
+    return None
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -91,15 +105,16 @@ class Dispatcher:
         lease is not held now wait (behind them, the others go on)."""
         while True:
             index = next((i for i, job in enumerate(self.jobs) if self._may_start(job)), None)
-            if index is None or not self.admission.admits(self.jobs[index].runs_alone):
+            if index is None or not self.admission.admits(runs_alone(self.jobs[index])):
                 return
             job = self.jobs[index]
             del self.jobs[index]
             claim = job.claim or await self._claim(job)
             if claim is None:
                 continue
-            alone = job.runs_alone
-            task = asyncio.create_task(self.runner.run(job.inbox.route, claim, job.failure, alone))
+            alone = runs_alone(job)
+            route = Route.of(job.inbox.config, self.runner.pipeline.engine.name)
+            task = asyncio.create_task(self.runner.run(route, claim, known_failure(job), alone))
             self.admission.admit(task, alone)
             self.documents[task] = (job.inbox, claim)
             task.add_done_callback(self._finished)

@@ -22,9 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ocrd.config import InboxConfig
-from ocrd.documents import crashes, failures
-from ocrd.documents.document import Route
-from ocrd.domain import DocumentFailed
 from ocrd.files import remove_stale_temporaries
 from ocrd.files.dropped import Identity, printable
 from ocrd.intake.claim import Claim, NotClaimable, WorkArea
@@ -50,7 +47,6 @@ class Inbox:
     """One configured inbox and the parts that serve it."""
 
     config: InboxConfig
-    route: Route
     work: WorkArea
     tracker: QuietTracker
     watcher: InboxWatcher
@@ -74,12 +70,9 @@ class Job:
     identity: Identity | None = None  # the file that settled there
     companions: tuple[Path, ...] = ()  # claimed with it: a duplex's backs file
     claim: Claim | None = None  # or a claim recovered from the work area
-    failure: DocumentFailed | None = None  # known to fail before it is read
+    # It never stopped changing (max_settle_wait_seconds): it fails without being read.
+    still_growing: bool = False
     since: float = field(default_factory=time.monotonic)  # first seen
-
-    @property
-    def runs_alone(self) -> bool:
-        return self.claim is not None and crashes.runs_alone(self.claim)
 
     @property
     def relative_path(self) -> str:
@@ -90,8 +83,7 @@ class Job:
 
 
 class Intake:
-    def __init__(self, engine: str, instances: Instances) -> None:
-        self.engine = engine
+    def __init__(self, instances: Instances) -> None:
         self.instances = instances
         self.inboxes: list[Inbox] = []
         # Ready files given out as jobs (or waiting to be paired) and not yet claimed: a
@@ -113,7 +105,6 @@ class Intake:
 
         inbox = Inbox(
             config=config,
-            route=Route.of(config, self.engine),
             work=work,
             tracker=tracker,
             watcher=InboxWatcher(config, asyncio.get_running_loop(), tracker.observe, unlisted),
@@ -224,8 +215,7 @@ class Intake:
                     continue
                 self._pending.add(ready.path)
                 if ready.still_growing:
-                    failure = failures.still_growing(inbox.config.max_settle_wait_seconds)
-                    jobs.append(Job(inbox, ready.path, failure=failure, since=ready.first_seen))
+                    jobs.append(Job(inbox, ready.path, still_growing=True, since=ready.first_seen))
                 elif inbox.collator is not None and not ready.folder:
                     jobs += self._collate(inbox, ready.path, ready.first_seen)
                 else:

@@ -13,9 +13,9 @@ An upload always needs the bearer token, from loopback too, and goes to an inbox
 `uploads: true`. It is refused before its body is read where it can be (the token, the
 inbox, a Content-Length over the limit; a client that sends `Expect: 100-continue` learns
 it before sending anything), and otherwise streamed to disk in pieces, never held in memory
-(`ocrd/uploads.py` writes it). A client that sends nothing for `header_timeout_seconds`, or
+(`ocrd/intake/uploads.py` writes it). A client that sends nothing for `header_timeout_seconds`, or
 takes longer than `upload_timeout_seconds` in all, is dropped, and what it sent removed.
-Waiting (`?wait=`) holds neither the event loop nor a thread (`Uploads.settled`).
+Waiting (`?wait=`) holds neither the event loop nor a thread (`Documents.settled`).
 """
 
 from __future__ import annotations
@@ -38,18 +38,10 @@ from ocrd import __version__
 from ocrd.config import HttpConfig
 from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
-from ocrd.intake.uploads import (
-    DocumentState,
-    Found,
-    Outputs,
-    Receiving,
-    UploadRefused,
-    Uploads,
-    clean_filename,
-    is_document_id,
-)
+from ocrd.intake.uploads import Receiving, UploadRefused, Uploads, clean_filename
 from ocrd.log import get_logger
 from ocrd.web import openapi
+from ocrd.web.documents import Documents, DocumentState, Found, Outputs, is_document_id
 
 READ_BYTES = 256 * 1024  # read from the client at a time
 WRITE_BYTES = 1024 * 1024  # written to disk at a time, in a thread
@@ -127,8 +119,11 @@ def error(status: int, message: str, **extra: Any) -> web.Response:
 class DocumentsApi:
     """The routes of the documents API, for one run of the HTTP server."""
 
-    def __init__(self, uploads: Uploads, config: HttpConfig, token: str | None) -> None:
+    def __init__(
+        self, uploads: Uploads, documents: Documents, config: HttpConfig, token: str | None
+    ) -> None:
         self.uploads = uploads
+        self.documents = documents
         self.config = config
         self.token = token
         self.log = get_logger()
@@ -334,8 +329,8 @@ class DocumentsApi:
             return error(400, f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}")
         found = None
         if is_document_id(document_id):
-            finder = self.uploads.settled(document_id, wait) if wait else None
-            found = await (finder or self.uploads.find(document_id))
+            finder = self.documents.settled(document_id, wait) if wait else None
+            found = await (finder or self.documents.find(document_id))
         if found is None:
             return error(
                 404,

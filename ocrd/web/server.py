@@ -7,7 +7,7 @@ Prometheus metrics, health, and the documents API.
     GET /healthz      200 while the daemon's main loop ticks, else 503
     GET /readyz       200 when ready (engine loaded, inboxes watched, no storage fault,
                       fleet reachable), else 503 with what is wrong
-    /api/documents... uploads and their results (`ocrd/api.py`)
+    /api/documents... uploads and their results (`ocrd/web/api.py`)
 
 Every answer is built from memory in well under a millisecond and written by aiohttp
 without blocking, so a slow client holds only its own connection. Clients other than
@@ -39,6 +39,7 @@ from ocrd.log import get_logger
 from ocrd.status import StatusReport
 from ocrd.supervise import Liveness
 from ocrd.web.api import DocumentsApi, token_matches
+from ocrd.web.documents import Documents
 from ocrd.web.metrics import CONTENT_TYPE, Metrics
 from ocrd.web.statuspage import render
 
@@ -158,12 +159,15 @@ class WebServer:
         liveness: Callable[[], Liveness],
         metrics: Metrics,
         uploads: Uploads | None = None,
+        documents: Documents | None = None,
     ) -> None:
         self.config = config
         self.report = report
         self.liveness = liveness
         self.metrics = metrics
-        self.uploads = uploads  # the documents API, where the daemon has one
+        # the documents API, where the daemon has one
+        self.uploads = uploads
+        self.documents = documents
         self.address: str | None = None
         self.problem: str | None = None  # why it is not serving, for the status line
         self.token = os.environ.get(config.token_env) or None
@@ -198,8 +202,9 @@ class WebServer:
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
-        if self.uploads is not None:
-            DocumentsApi(self.uploads, self.config, self.token).add_routes(app.router)
+        if self.uploads is not None and self.documents is not None:
+            api = DocumentsApi(self.uploads, self.documents, self.config, self.token)
+            api.add_routes(app.router)
         return app
 
     async def start(self) -> str:
