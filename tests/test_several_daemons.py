@@ -141,7 +141,7 @@ def test_a_killed_daemons_documents_are_taken_over_and_its_peer_shows_it(
     took = time.monotonic() - killed_at
     assert LEASE - 1 < took < LEASE + 3  # a whole lease after its last renewal, and a look
     assert sorted(takeover["claims"]) == held  # exactly what gpu1 held
-    assert takeover["lease_age_seconds"] >= LEASE  # rounded to 0.1 s
+    assert takeover["lease_age_seconds"] > LEASE  # the age the rule decided on
     taken = {e["doc"] for e in gpu2.find("document.taken_over", from_instance="gpu1")}
     assert taken and taken <= set(held)  # (a claim settled just before the kill has no doc)
     wait_until(lambda: settled(data) == 24, 180, "every document settled")

@@ -349,7 +349,7 @@ class Instances:
             "instance.took_over",
             work=str(area.work),
             from_instance=taken.owner,
-            lease_age_seconds=None if taken.lease_age is None else round(taken.lease_age, 1),
+            lease_age_seconds=taken.lease_age,  # unrounded: the figure the rule decided on
             claims=[folder.name for folder in taken.folders],
         )
         if self.listener is not None:  # also without claims: it sweeps what the dead one left
