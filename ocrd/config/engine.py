@@ -1,0 +1,136 @@
+"""The engine section: which engine reads the pages, and its settings."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from ocrd.config.base import Strict
+
+
+class PromptMode(StrEnum):
+    layout = "layout"  # grounded Markdown with layout blocks
+    text = "text"  # plain text ("Free OCR."), faster, loops less on dense pages
+
+
+class SamplingConfig(Strict):
+    """DeepSeek-OCR-2's decoding settings, the same in-process and remote."""
+
+    max_tokens: Annotated[int, Field(ge=1)] = 8192
+    ngram_size: Annotated[int, Field(ge=0)] = 30
+    ngram_window: Annotated[int, Field(ge=1)] = 90
+    ngram_whitelist_token_ids: tuple[int, ...] = (128821, 128822)
+
+
+class VllmConfig(Strict):
+    # `auto`: one replica per CUDA GPU visible to the service (tensor_parallel_size GPUs
+    # each); with none visible, one engine inside the daemon's process (vLLM's CPU backend).
+    # A list: these device indices (as nvidia-smi numbers them), one replica per
+    # tensor_parallel_size of them, each a `vllm serve` process of its own.
+    gpus: (
+        Literal["auto"] | Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(min_length=1)]
+    ) = "auto"
+    model: str = "deepseek-ai/DeepSeek-OCR-2"
+    tokenizer: str | None = None
+    max_num_seqs: Annotated[int, Field(ge=1)] = 128
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] = 16384
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_model_len: Annotated[int, Field(ge=1024)] = 8192
+    tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    load_format: str = "auto"
+    kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = None
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+
+    @model_validator(mode="after")
+    def _whole_replicas(self) -> VllmConfig:
+        if self.gpus == "auto":
+            return self
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"gpus lists a device twice: {list(self.gpus)}")
+        if len(self.gpus) % self.tensor_parallel_size:
+            raise ValueError(
+                f"{len(self.gpus)} gpus do not make whole replicas of tensor_parallel_size "
+                f"{self.tensor_parallel_size}; list a multiple of it"
+            )
+        return self
+
+
+class OpenAiConfig(Strict):
+    """A remote OpenAI-compatible server (`vllm serve`), or a fleet of them."""
+
+    base_urls: Annotated[tuple[str, ...], Field(min_length=1)] = ("http://127.0.0.1:8000/v1",)
+    model: str = "deepseek-ai/DeepSeek-OCR-2"
+    api_key_env: str = "OCRD_OPENAI_API_KEY"
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    max_concurrency: Annotated[int, Field(ge=1)] = 64  # per server
+    retries: Annotated[int, Field(ge=0)] = 5
+    retry_backoff_seconds: Annotated[float, Field(gt=0)] = 1.0
+
+
+class RapidOcrConfig(Strict):
+    threads: Annotated[int, Field(ge=1)] = 2
+    concurrency: Annotated[int, Field(ge=1)] = 1
+
+
+class SimulatedConfig(Strict):
+    seconds_per_page: Annotated[float, Field(ge=0)] = 0.5
+    capacity: Annotated[int, Field(ge=1)] = 16  # per replica
+    tokens_per_page: Annotated[int, Field(ge=1)] = 400
+    unfinished_every: Annotated[int, Field(ge=0)] = 0
+    # A page whose centre pixel has this RGB colour kills the engine while it is in it, as
+    # a page that crashes a real engine would (tests of crash accounting).
+    fatal_colour: tuple[int, int, int] | None = None
+    # 0: one engine inside the daemon's process; N: N replica processes behind the same
+    # router and supervision as vLLM's, speaking the same HTTP as `vllm serve`.
+    replicas: Annotated[int, Field(ge=0)] = 0
+    # Tests of supervision: a replica process exits when it is sent a page whose top-left
+    # corner is magenta (see ocrd/engines/simulated_server.py).
+    exit_on_marked_pages: bool = False
+
+    @model_validator(mode="after")
+    def _marks_need_processes(self) -> SimulatedConfig:
+        if self.exit_on_marked_pages and self.replicas == 0:
+            raise ValueError("exit_on_marked_pages needs replicas of 1 or more (processes)")
+        return self
+
+
+class SupervisionConfig(Strict):
+    """How ocrd keeps the engine processes it starts itself (vLLM per GPU, simulated
+    replicas) running."""
+
+    # A replica that has not answered /health this long after its start is restarted;
+    # the first start may download the model.
+    start_timeout_seconds: Annotated[float, Field(gt=0)] = 3600.0
+    health_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    health_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # This many unanswered health checks in a row: the replica hangs; it is restarted.
+    health_failures: Annotated[int, Field(ge=1)] = 3
+    restart_backoff_seconds: Annotated[float, Field(gt=0)] = 2.0  # doubles, up to the max
+    restart_backoff_max_seconds: Annotated[float, Field(gt=0)] = 120.0
+    stop_grace_seconds: Annotated[float, Field(ge=0)] = 20.0  # SIGTERM, then SIGKILL
+
+
+class EngineConfig(Strict):
+    kind: Literal["auto", "vllm", "openai", "rapidocr", "simulated"] = "auto"
+    # Every replica or server reads ocrd's test page before it gets pages (and after each
+    # restart or reconnection). `auto`: on, except for the simulated engine and for
+    # `vllm.load_format: dummy` (random weights read nothing).
+    self_check: Literal["auto"] | bool = "auto"
+    sampling: SamplingConfig = SamplingConfig()
+    vllm: VllmConfig = VllmConfig()
+    openai: OpenAiConfig = OpenAiConfig()
+    rapidocr: RapidOcrConfig = RapidOcrConfig()
+    simulated: SimulatedConfig = SimulatedConfig()
+    supervision: SupervisionConfig = SupervisionConfig()
+
+    def self_check_for(self, kind: str) -> bool:
+        """Whether engine `kind` proves each replica reads before it gets work."""
+        if self.self_check != "auto":
+            return self.self_check
+        if kind == "simulated" or kind == "rapidocr":
+            return False
+        return not (kind == "vllm" and self.vllm.load_format == "dummy")
