@@ -105,8 +105,29 @@ def _fuse(arguments: list[str], backing: Path, folder: Path, kind: str) -> Itera
             process.kill()
             pytest.fail(f"the {kind} FUSE mount at {folder} did not come up (needs root)")
         time.sleep(0.05)
+    failing = False
     try:
         yield
+    except BaseException:
+        failing = True
+        raise
     finally:
         _unmount(folder)
+        _ended(process, kind, folder, failing)
+
+
+def _ended(process: subprocess.Popen[bytes], kind: str, folder: Path, failing: bool) -> None:
+    """The FUSE process, ended: it exits once unmounted and no longer in use. One that does
+    not (a daemon of a failing test still holds files there) is killed; that is a failure
+    of its own only where the test passed, so it never hides the test's own failure."""
+    try:
         process.wait(timeout=20)
+        return
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    message = f"the {kind} FUSE process for {folder} did not exit within 20 s of unmounting"
+    if failing:
+        print(f"(after the failure above) {message}; killed", file=sys.stderr)
+    else:
+        pytest.fail(f"{message}; killed")
