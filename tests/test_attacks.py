@@ -176,7 +176,7 @@ def test_a_job_folder_changed_after_its_claim_cannot_make_ocrd_read_a_private_fi
     )
     daemon = start_daemon(config, runtime=runtime, user=SERVICE)
     [summary] = daemon.wait_for("document.finished", path="job-1", timeout=60)
-    assert alice.wait(timeout=10) == 0 and "done" in alice.communicate()[0]
+    assert alice.wait(timeout=60) == 0 and "done" in alice.communicate()[0]
     assert daemon.stop() == 0
 
     outputs = "".join(p.read_text() for p in (data / "outbox").rglob("*.md"))
@@ -323,7 +323,7 @@ def test_a_subfolder_ocrd_may_not_read_is_listed_with_its_fix_once(
         blocked = report["inboxes"][0]["blocked"]
         return [b for b in blocked if b["path"].startswith("alices-letters")]
 
-    [entry] = wait_until(listed, 10, lambda: f"alices-letters listed\n{daemon.output()}")
+    [entry] = wait_until(listed, 60, lambda: f"alices-letters listed\n{daemon.output()}")
     assert entry["reason"] and entry["fix"]
     assert "alices-letters" in httpx.get(f"{url}/").text
     give(make_pdf(data / "inbox" / "after.pdf", 1), "bob", 0o664)
@@ -466,7 +466,7 @@ def test_a_page_a_scanner_adds_to_a_claimed_job_is_not_silently_lost(
     config = write_config(shared_root, {"job_folders": ["job-*"], "settle_seconds": 1})
     daemon = start_daemon(config, runtime=runtime, user=SERVICE)
     [summary] = daemon.wait_for("document.finished", path="job-1", timeout=60)
-    assert scanner.wait(timeout=10) == 0 and "done" in scanner.communicate()[0]
+    assert scanner.wait(timeout=60) == 0 and "done" in scanner.communicate()[0]
     assert (data / "done" / "job-1" / "p2.pdf").is_file() or summary["outcome"] != "done"
 
     skipped = [name for e in daemon.find("document.files_skipped") for name in e["files"]]

@@ -160,7 +160,7 @@ def test_systemd_notifications(tmp_path: Path, start_daemon) -> None:
         assert status and "pages/s" in status[-1]
 
         assert daemon.stop() == 0
-        wait_until(lambda: any("STOPPING=1" in m for m in notify.messages), 5, "STOPPING=1")
+        wait_until(lambda: any("STOPPING=1" in m for m in notify.messages), 30, "STOPPING=1")
     finally:
         notify.close()
 

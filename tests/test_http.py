@@ -82,7 +82,7 @@ def test_metrics_health_and_readiness_follow_the_work(tmp_path: Path, start_daem
     assert any("INBOX MISSING" in problem for problem in ready.json()["problems"])
     inbox.mkdir()
     daemon.wait_for("inbox.restored", timeout=30)
-    wait_until(lambda: httpx.get(f"{url}/readyz").status_code == 200, 10, "ready again")
+    wait_until(lambda: httpx.get(f"{url}/readyz").status_code == 200, 60, "ready again")
     assert daemon.stop() == 0
 
 

@@ -139,7 +139,9 @@ def test_a_killed_daemons_documents_are_taken_over_and_its_peer_shows_it(
     assert held
     [takeover] = gpu2.wait_for("instance.took_over", from_instance="gpu1", timeout=60)
     took = time.monotonic() - killed_at
-    assert LEASE - 1 < took < LEASE + 3  # a whole lease after its last renewal, and a look
+    # Not before a whole lease after its last renewal; soon after it (a look), also on a
+    # loaded machine: far from the default lease of 90 s.
+    assert LEASE - 1 < took < LEASE + 20
     assert sorted(takeover["claims"]) == held  # exactly what gpu1 held
     assert takeover["lease_age_seconds"] > LEASE  # the age the rule decided on
     taken = {e["doc"] for e in gpu2.find("document.taken_over", from_instance="gpu1")}
@@ -267,7 +269,8 @@ def test_a_daemon_stopped_cleanly_hands_its_unfinished_document_over_at_once(
     [released] = leaving.find("instance.lease_released")
     assert released["claims_left"] == 1
     [taken] = staying.wait_for("document.taken_over", timeout=30)
-    assert time.monotonic() - stopped_at < 15 and taken["path"] == "book.pdf"  # not 90 s
+    # at once on a clean stop, not after a lease (90 s here), also on a loaded machine
+    assert time.monotonic() - stopped_at < 45 and taken["path"] == "book.pdf"
     [summary] = staying.wait_for("document.finished", timeout=120)
     [opened] = staying.find("document.opened")
     recognised_before = len(leaving.find("page.recognised"))

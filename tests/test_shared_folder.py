@@ -89,7 +89,7 @@ def test_a_name_that_is_not_utf8_converts_and_every_report_can_show_it(
         assert report.status_code == 200, report.text
         return {w["path"] for w in report.json()["inboxes"][0]["waiting"]}
 
-    assert "Pr\\xfcfbericht.pdf" in wait_until(waiting, 10, "the file listed as waiting")
+    assert "Pr\\xfcfbericht.pdf" in wait_until(waiting, 60, "the file listed as waiting")
     page = httpx.get(f"{url}/")
     assert page.status_code == 200 and "Pr\\xfcfbericht.pdf" in page.text
     finished = daemon.wait_for("document.finished", count=2, timeout=60)
@@ -158,7 +158,7 @@ def test_files_ocrd_may_not_move_wait_listed_with_the_fix_and_go_once_fixed(
     os.chmod(inbox / "private.pdf", 0o640)
     for path in ("alices-folder/minutes.pdf", "drop-here/bobs-scan.pdf", "private.pdf"):
         daemon.wait_for("document.finished", path=path, timeout=60)
-    assert len(daemon.wait_for("file.unblocked", count=3, timeout=10)) == 3
+    assert len(daemon.wait_for("file.unblocked", count=3, timeout=60)) == 3
     assert httpx.get(f"{url}/api/status").json()["attention"] == []
     assert daemon.stop() == 0
     assert sorted(p.name for p in (data / "done").rglob("*.pdf")) == [

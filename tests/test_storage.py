@@ -49,7 +49,7 @@ def test_a_full_outbox_is_waited_out_and_every_file_ends_once(
             drop(data / "inbox", inputs, f"doc{index}.pdf")
         [fault, *_] = daemon.wait_for("storage.fault", timeout=60)
         assert "ENOSPC" in fault["error"]
-        wait_until(lambda: any("STORAGE FAULT" in m for m in notify_socket.messages), 10, "STATUS")
+        wait_until(lambda: any("STORAGE FAULT" in m for m in notify_socket.messages), 60, "STATUS")
         assert len([p for p in files_under(data / "work") if p.endswith(".pdf")]) == 4
         assert files_under(data / "done") == []
 

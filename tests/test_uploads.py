@@ -314,7 +314,7 @@ def test_an_upload_aborted_halfway_or_stalled_leaves_nothing_in_the_inbox(
 
     with socket.create_connection(("127.0.0.1", port)) as client:
         client.sendall(head + body[: len(body) // 2])
-        wait_until(lambda: any(".upload.part" in e for e in inbox_entries(inbox)), 10,
+        wait_until(lambda: any(".upload.part" in e for e in inbox_entries(inbox)), 60,
                    "the upload's hidden part in the inbox")  # fmt: skip
     daemon.wait_for("upload.aborted")  # the client went away halfway
     assert inbox_entries(inbox) == ["uploads"]
