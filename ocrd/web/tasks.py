@@ -272,7 +272,8 @@ class Tasks:
 
     @contextlib.asynccontextmanager
     async def tidying(self) -> AsyncIterator[None]:
-        """Remove expired tasks now and every `TIDY_SECONDS` while the context lasts."""
+        """Remove expired tasks now and every `TIDY_SECONDS` (or `results_keep_seconds`,
+        where that is shorter) while the context lasts."""
         job = asyncio.create_task(self._tidy_forever())
         try:
             yield
@@ -296,7 +297,7 @@ class Tasks:
                     continue
                 for task_id in removed:
                     self.log.info("task.expired", id=task_id, inbox=str(inbox.path))
-            await asyncio.sleep(TIDY_SECONDS)
+            await asyncio.sleep(min(TIDY_SECONDS, keep))
 
     async def tidy(self, inbox: InboxConfig, keep: float, now: float | None = None) -> list[str]:
         """Remove the files of this inbox's tasks that settled more than `keep` seconds
