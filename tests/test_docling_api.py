@@ -96,7 +96,7 @@ def test_the_synchronous_routes_answer_when_done_in_every_format(
     source = {"kind": "file", "filename": "scan.tif",
               "base64_string": base64.b64encode(scan.read_bytes()).decode()}  # fmt: skip
     answer = httpx.post(f"{url}/v1/convert/source", headers=KEY, timeout=300,
-                        json={"sources": [source], "options": {"to_formats": ["text"]}})  # fmt: skip
+                        json={"sources": [source], "options": {"to_formats": ["text"]}})
     assert answer.status_code == 200, answer.text
     document = answer.json()["document"]
     assert document["filename"] == "scan.tif" and "md_content" not in document
@@ -157,7 +157,7 @@ def test_a_task_accepted_before_a_sigkill_is_answered_after_the_restart(
                        page_range=["2", "3"], to_formats=["json"])  # fmt: skip
     assert accepted.status_code == 200, accepted.text
     task_id = accepted.json()["task_id"]
-    daemon.wait_for("document.started")
+    daemon.wait_for("document.started", timeout=120)
     daemon.process.send_signal(signal.SIGKILL)
     daemon.process.wait()
 
@@ -259,7 +259,7 @@ def test_a_listed_name_that_resolves_to_an_internal_address_is_refused() -> None
     from ocrd.intake.uploads import UploadRefused
     from ocrd.web.docling_sources import url_source
 
-    with pytest.raises(UploadRefused, match="internal address 127.0.0.1"):
+    with pytest.raises(UploadRefused, match=r"internal address 127\.0\.0\.1"):
         asyncio.run(url_source({"url": "http://localhost:9/x.pdf"}, ("localhost",), 1000, 5))
 
 
@@ -306,9 +306,9 @@ def test_the_readme_curl_examples_work_as_written(
     (work / "scan.tif").write_bytes((corpus / "scans" / "phototest.tif").read_bytes())
     (work / "scan.pdf").write_bytes((corpus / "real" / "sample-files__pdflatex-4-pages.pdf")
                                     .read_bytes())  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "OCRD_HTTP_TOKEN": TOKEN, "OCRD": url}
     run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, timeout=600,
-                         capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "OCRD_HTTP_TOKEN": TOKEN, "OCRD": url})  # fmt: skip
+                         capture_output=True, text=True, env=env)  # fmt: skip
     assert run.returncode == 0, run.stderr
     result = json.loads((work / "result.json").read_text())
     assert result["document"]["md_content"].startswith("This is a lot of 12 point text")
