@@ -84,9 +84,9 @@ def dropped(daemon: DaemonRun, pdf: Path, round_: int) -> float:
 
 def post(url: str, route: str, pdf: Path, round_: int) -> httpx.Response:
     with pdf.open("rb") as handle:
+        files = {"files": (f"api-{round_}.pdf", handle, "application/pdf")}
         return httpx.post(f"{url}{route}", headers=KEY, timeout=120,
-                          data={"to_formats": ["md", "json"]},
-                          files={"files": (f"api-{round_}.pdf", handle, "application/pdf")})  # fmt: skip
+                          data={"to_formats": ["md", "json"]}, files=files)  # fmt: skip
 
 
 def synchronous(url: str, pdf: Path, round_: int) -> float:
