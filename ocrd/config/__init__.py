@@ -41,6 +41,7 @@ from ocrd.config.inboxes import (
     WebhookConfig,
 )
 from ocrd.config.service import (
+    DoclingApiConfig,
     HttpConfig,
     InstancesConfig,
     PipelineConfig,
@@ -141,6 +142,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConfigFile",
+    "DoclingApiConfig",
     "DocumentOptions",
     "EngineConfig",
     "HookConfig",

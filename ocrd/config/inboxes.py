@@ -72,6 +72,8 @@ class TableFormat(StrEnum):
 class OutputKind(StrEnum):
     markdown = "markdown"  # always written: it marks a document complete
     pdf = "pdf"  # the original pages with the recognised text invisible over them
+    docling = "docling"  # <name>.docling.json: the document as a DoclingDocument
+    chunks = "chunks"  # <name>.chunks.jsonl: its chunks for retrieval, with page and box
 
 
 class SeparatorSheet(StrEnum):

@@ -48,6 +48,18 @@ class PipelineConfig(Strict):
         return available_cpus() if self.render_workers == "auto" else self.render_workers
 
 
+class DoclingApiConfig(Strict):
+    """docling-serve's conversion API (`/v1/...`), served where an inbox takes uploads."""
+
+    enabled: bool = True
+    inbox: str | None = None  # the inbox tasks go to (path or folder name); default: the
+    # first with `uploads: true`
+    max_sync_wait_seconds: Annotated[float, Field(gt=0)] = 120.0  # then 504, as docling-serve
+    results_keep_seconds: Annotated[float, Field(gt=0)] = 3600.0  # after a task settled
+    # Hosts `http` sources may be fetched from; none: URL sources are refused.
+    url_hosts: tuple[str, ...] = ()
+
+
 class HttpConfig(Strict):
     """The daemon's HTTP server: metrics, health, the status page, uploads."""
 
@@ -65,6 +77,7 @@ class HttpConfig(Strict):
     # in all (a client that sends nothing for header_timeout_seconds is dropped sooner).
     max_upload_mb: Annotated[float, Field(gt=0)] = 200.0
     upload_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    docling: DoclingApiConfig = DoclingApiConfig()
 
     @property
     def max_upload_bytes(self) -> int:

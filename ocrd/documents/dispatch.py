@@ -28,6 +28,7 @@ from ocrd.domain import DocumentFailed
 from ocrd.files.dropped import printable
 from ocrd.intake.claim import Changed, Claim, ClaimLost, NotClaimable
 from ocrd.intake.inboxes import Inbox, Intake, Job
+from ocrd.intake.tasks import TaskRecordError, task_of
 from ocrd.log import get_logger
 from ocrd.status import WaitingFile
 
@@ -113,11 +114,21 @@ class Dispatcher:
             if claim is None:
                 continue
             alone = runs_alone(job)
-            route = Route.of(job.inbox.config, self.runner.pipeline.engine.name)
-            task = asyncio.create_task(self.runner.run(route, claim, known_failure(job), alone))
+            route, failure = await self._route(job, claim)
+            task = asyncio.create_task(self.runner.run(route, claim, failure, alone))
             self.admission.admit(task, alone)
             self.documents[task] = (job.inbox, claim)
             task.add_done_callback(self._finished)
+
+    async def _route(self, job: Job, claim: Claim) -> tuple[Route, DocumentFailed | None]:
+        """The claim's route: its inbox's, with its task's options where it is a task of
+        the docling-serve API; and why it fails before it is read, if it does."""
+        engine, config = self.runner.pipeline.engine.name, job.inbox.config
+        try:
+            task = await asyncio.to_thread(task_of, config, claim.relative_path)
+        except TaskRecordError as error:
+            return Route.of(config, engine), failures.task_unreadable(str(error))
+        return Route.of(config, engine, task), known_failure(job)
 
     def _may_start(self, job: Job) -> bool:
         """Its inbox's lease held; and a new file beside other daemons only while few of this

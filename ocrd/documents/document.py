@@ -44,6 +44,7 @@ from ocrd.engines import EngineDeadError
 from ocrd.files.dropped import printable
 from ocrd.files.storage import Fault, classify, describe
 from ocrd.intake.claim import Claim, ClaimLost, Naming, Settlement
+from ocrd.intake.tasks import TaskOptions
 from ocrd.log import FilteringBoundLogger, get_logger
 from ocrd.output.page import PageJournal
 from ocrd.output.settle import Settler
@@ -64,10 +65,15 @@ class Route:
     config: InboxConfig
     settler: Settler
     options: DocumentOptions  # `auto` resolved for the engine in use
+    pages: tuple[int, int] | None = None  # a task's page range: only these pages
 
     @classmethod
-    def of(cls, config: InboxConfig, engine: str) -> Route:
-        return cls(config, Settler(config, engine), config.for_engine(engine))
+    def of(cls, config: InboxConfig, engine: str, task: TaskOptions | None = None) -> Route:
+        """The inbox's route; for a task of the docling-serve API, with its options."""
+        if task is not None:
+            config = task.inbox_settings(config)
+        pages = task.pages if task is not None else None
+        return cls(config, Settler(config, engine), config.for_engine(engine), pages)
 
 
 @dataclass
@@ -222,6 +228,7 @@ class DocumentRunner:
                     PageJournal(claim.journal, claim.check_held),
                     progress,
                     arrival,
+                    route.pages,
                 )
                 if await asyncio.to_thread(_snapshot, sources.again()) == before:
                     return result

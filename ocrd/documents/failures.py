@@ -49,6 +49,20 @@ def undetected(error: RenderError | OSError) -> DocumentFailed:
     )
 
 
+def task_unreadable(why: str) -> DocumentFailed:
+    """A task of the docling-serve API whose options cannot be read back."""
+    return DocumentFailed(Stage.detect, f"not converted: {why}; send the file again",
+                          error_type="TaskRecordError")  # fmt: skip
+
+
+def no_pages_in_range(first: int, last: int, count: int) -> DocumentFailed:
+    """A task's page range that holds none of the document's pages."""
+    return DocumentFailed(
+        Stage.detect, f"page_range {first}-{last} holds none of the document's {count} pages",
+        error_type="PageRange",
+    )
+
+
 def no_pages_in_folder() -> DocumentFailed:
     return DocumentFailed(
         Stage.detect, "the folder holds no PDF, TIFF, PNG or JPEG file",

@@ -126,9 +126,11 @@ class Pipeline:
         journal: PageJournal | None = None,
         progress: Progress | None = None,
         arrival: float | None = None,
+        pages: tuple[int, int] | None = None,
     ) -> DocumentResult:
         """Render and recognise every page of `source` (a file, or the files of a scan job or
-        a duplex pair); raises DocumentFailed with the reason.
+        a duplex pair), or only those from `pages[0]` to `pages[1]` (a task's page range;
+        they keep their numbers); raises DocumentFailed with the reason.
 
         Figures are cut into `scratch` as pages come back, not kept in memory. Pages found in
         `journal` are taken from it; each newly recognised page is added to it.
@@ -147,11 +149,11 @@ class Pipeline:
             raise failures.no_pages_in_folder()
         inputs = [SourceFile(path, fmt, settings.render, sources.root) for path, fmt in files]
         try:
-            pages, refs = await self._pages(
-                inputs, sources.kind, settings, scratch, log, journal, progress, arrival
+            done, refs = await self._pages(
+                inputs, sources.kind, settings, scratch, log, journal, progress, arrival, pages
             )
-            split = split_document(pages, settings, sources.kind)
-            result = DocumentResult(inputs[0].format, pages, time.monotonic() - started, split)
+            split = split_document(done, settings, sources.kind)
+            result = DocumentResult(inputs[0].format, done, time.monotonic() - started, split)
             if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
                 raise failures.unfinished(result)
             if OutputKind.pdf in settings.outputs:
@@ -175,20 +177,26 @@ class Pipeline:
         journal: PageJournal | None,
         progress: Progress,
         arrival: float | None,
+        selected: tuple[int, int] | None = None,
     ) -> tuple[list[PageResult], list[PageRef]]:
         figures = scratch if settings.figures else None
         done = await asyncio.to_thread(journal.load, figures) if journal else {}
         counts = [await self._open(source, len(inputs) > 1) for source in inputs]
         refs = [PageRef(inputs[i], n) for i, n in page_order(counts, kind is SourceKind.duplex)]
-        count = len(refs)
-        resumed = {number: page for number, page in done.items() if number <= count}
+        first, last = selected or (1, len(refs))
+        numbers = range(first, min(last, len(refs)) + 1)
+        if not numbers:
+            raise failures.no_pages_in_range(first, last, len(refs))
+        count = len(numbers)
+        resumed = {number: page for number, page in done.items() if number in numbers}
         progress.pages, progress.done = count, len(resumed)
         log.info(
             "document.opened",
             format=str(inputs[0].format) if len(inputs) == 1 else kind.value,
             files=len(inputs),
-            pages=count,
+            pages=len(refs),
             resumed_pages=len(resumed),
+            **({"page_range": [first, last]} if selected else {}),
         )
         if kind is SourceKind.duplex and counts[0] != counts[-1]:
             log.warning(
@@ -211,7 +219,7 @@ class Pipeline:
         )
         tasks: dict[int, asyncio.Task[PageResult]] = {}
         async with asyncio.TaskGroup() as group:
-            for number in range(1, count + 1):
+            for number in numbers:
                 if number in resumed:
                     continue
                 await self.budget.acquire(run.ticket)

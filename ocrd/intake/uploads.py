@@ -91,6 +91,13 @@ class Receiving:
     def relative_path(self) -> str:
         return f"{UPLOADS_FOLDER}/{self.id}/{self.name}"
 
+    @property
+    def folder(self) -> int:
+        """A descriptor of the upload's own folder, until it is committed or aborted: a
+        record written there beside the file (`ocrd/intake/tasks.py`) is in place before
+        the file is."""
+        return self._folder
+
     @classmethod
     def begin(cls, inbox: InboxConfig, upload_id: str, name: str) -> Receiving:
         """A new upload folder in `inbox` with an empty hidden part in it."""

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ocrd import __version__
-from ocrd.config import BlankPages, DocumentOptions
+from ocrd.config import BlankPages, DocumentOptions, OutputKind
 from ocrd.domain import DocumentResult, Figure, PageResult, PageSource
 from ocrd.files import (
     fsync_dir,
@@ -65,8 +65,21 @@ class OutputFiles:
         return self._beside(".pdf")
 
     @property
+    def docling(self) -> Path:
+        return self._beside(".docling.json")
+
+    @property
+    def chunks(self) -> Path:
+        return self._beside(".chunks.jsonl")
+
+    @property
+    def beside(self) -> tuple[str, ...]:
+        """The names of the companion files the documents API serves beside the Markdown."""
+        return (self.layout.name, self.raw.name, self.docling.name, self.chunks.name)
+
+    @property
     def companions(self) -> tuple[Path, ...]:
-        return (self.assets, self.layout, self.raw, self.pdf)
+        return (self.assets, self.layout, self.raw, self.pdf, self.docling, self.chunks)
 
 
 def markdown_path(outbox: Path, relative: PurePath, number: int = 1) -> Path:
@@ -97,8 +110,9 @@ def discard_outputs(markdown: Path, *, with_markdown: bool = False) -> None:
     """Remove what an abandoned plan wrote: its companions, and its Markdown if asked."""
     files = OutputFiles(markdown)
     shutil.rmtree(files.assets, ignore_errors=True)
-    for companion in (files.layout, files.raw, files.pdf):
-        companion.unlink(missing_ok=True)
+    for companion in files.companions:
+        if companion != files.assets:
+            companion.unlink(missing_ok=True)
     if with_markdown:
         markdown.unlink(missing_ok=True)
 
@@ -209,6 +223,23 @@ def _place_figures(result: DocumentResult, assets: Path) -> None:
     fsync_dir(assets.parent)
 
 
+def _write_docling(
+    result: DocumentResult, settings: DocumentOptions, files: OutputFiles, source: str
+) -> None:
+    """`<name>.docling.json` and `<name>.chunks.jsonl`, as the inbox asks."""
+    # docling-core takes over a second to import (its chunker more): only documents that
+    # ask for these outputs pay for it, not every start of the daemon.
+    from ocrd.output.chunks import chunk_lines
+    from ocrd.output.docling import build_document
+
+    links = [figure_links(page, files.assets.name) for page in result.pages]
+    doc = build_document(result.pages, PurePath(source).stem, links)
+    if OutputKind.docling in settings.outputs:
+        replace_file(files.docling, json_bytes(doc.export_to_dict()) + b"\n")
+    if OutputKind.chunks in settings.outputs:
+        replace_file(files.chunks, chunk_lines(doc, printable(source)))
+
+
 def write_parts(
     result: DocumentResult, settings: DocumentOptions, markdown: Path, source: str
 ) -> list[Path]:
@@ -236,6 +267,8 @@ def write_document(
         replace_file(files.layout, json_bytes(layout, indent=1) + b"\n")
     if settings.keep_raw:
         replace_file(files.raw, raw_lines(result))
+    if {OutputKind.docling, OutputKind.chunks} & set(settings.outputs):
+        _write_docling(result, settings, files, source)
     if result.pdfs:  # made durable by the render worker: given its name in the outbox
         files.pdf.unlink(missing_ok=True)  # left by an attempt that died before its Markdown
         link_or_copy(result.pdfs[0], files.pdf)

@@ -101,8 +101,10 @@ class ErrorBody(BaseModel):
 
 
 def presented_token(request: web.Request) -> str:
+    """The bearer token, or docling-serve's `X-Api-Key` (its clients send that), or
+    `?token=` (a browser)."""
     given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return given or request.query.get("token", "")
+    return given or request.headers.get("X-Api-Key", "").strip() or request.query.get("token", "")
 
 
 def token_matches(request: web.Request, token: str | None) -> bool:
@@ -287,8 +289,11 @@ class DocumentsApi:
         inbox_name: str | None,
         filename: str | None,
         read: Callable[[], Awaitable[bytes]],
+        before_commit: Callable[[Receiving], Awaitable[None]] | None = None,
     ) -> Receiving:
-        """Stream the file into its inbox; whatever goes wrong, nothing is left there."""
+        """Stream the file into its inbox; whatever goes wrong, nothing is left there.
+        `before_commit` runs once the file is complete and before it is in the inbox (a
+        task's record is written then)."""
         inbox = self.uploads.inbox_for(inbox_name)
         receiving = await asyncio.to_thread(self.uploads.begin, inbox, clean_filename(filename))
         limit = self.config.max_upload_bytes
@@ -305,6 +310,8 @@ class DocumentsApi:
                 await asyncio.to_thread(receiving.write, pending)
             if receiving.size == 0:
                 raise UploadRefused(400, "the file is empty")
+            if before_commit is not None:
+                await before_commit(receiving)
             await asyncio.to_thread(receiving.commit)
         except BaseException:
             cleanup = asyncio.ensure_future(asyncio.to_thread(receiving.abort))

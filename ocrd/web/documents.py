@@ -74,7 +74,7 @@ class Outputs:
         """Whether `parts` (relative to the Markdown's folder) names one of these files."""
         files = OutputFiles(Path(self.markdown))
         if len(parts) == 1:
-            return parts[0] in (self.markdown, files.layout.name, files.raw.name)
+            return parts[0] in (self.markdown, *files.beside)
         return (
             len(parts) == 2
             and parts[0] == files.assets.name
@@ -86,8 +86,7 @@ class Outputs:
         """The files of the document that exist, relative to the Markdown's folder. Blocking."""
         files = OutputFiles(Path(self.markdown))
         found = [name for name, _ in visible_files(self.root, self.folder)]
-        present = [name for name in (self.markdown, files.layout.name, files.raw.name)
-                   if name in found]  # fmt: skip
+        present = [name for name in (self.markdown, *files.beside) if name in found]
         figures = visible_files(self.root, (*self.folder, files.assets.name))
         return present + [f"{files.assets.name}/{name}" for name, _ in sorted(figures)]
 

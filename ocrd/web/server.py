@@ -8,6 +8,7 @@ Prometheus metrics, health, and the documents API.
     GET /readyz       200 when ready (engine loaded, inboxes watched, no storage fault,
                       fleet reachable), else 503 with what is wrong
     /api/documents... uploads and their results (`ocrd/web/api.py`)
+    /v1/...           docling-serve's conversion API, /docs, /openapi.json (`ocrd/web/docling.py`)
 
 Every answer is built from memory in well under a millisecond and written by aiohttp
 without blocking, so a slow client holds only its own connection. Clients other than
@@ -39,6 +40,7 @@ from ocrd.log import get_logger
 from ocrd.status import StatusReport
 from ocrd.supervise import Liveness
 from ocrd.web.api import DocumentsApi, token_matches
+from ocrd.web.docling import serve_docling_api
 from ocrd.web.documents import Documents
 from ocrd.web.metrics import CONTENT_TYPE, Metrics
 from ocrd.web.statuspage import render
@@ -205,6 +207,8 @@ class WebServer:
         if self.uploads is not None and self.documents is not None:
             api = DocumentsApi(self.uploads, self.documents, self.config, self.token)
             api.add_routes(app.router)
+            if self.config.docling.enabled:
+                serve_docling_api(app, api, self.documents, self.config)
         return app
 
     async def start(self) -> str:

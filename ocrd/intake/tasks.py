@@ -1,0 +1,117 @@
+"""A task's options, kept beside its upload: what a client of the docling-serve API asked
+for that changes how the document is converted (a page range, the text layer against the
+pixels, figures, the page separator), and what it asked to get back (formats, images).
+
+The record is `<inbox>/uploads/<id>/.task.json`: hidden, so no watcher takes it for a
+document, made durable before the upload gets its name, so a claim never sees an upload
+without it. It stays in the upload's folder after the claim has taken the file, so a
+document claimed again after a restart (or by another daemon sharing the inbox) is
+converted with the same options; it goes when the task's results are tidied away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import PurePath
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError
+
+from ocrd.config import UPLOADS_FOLDER, InboxConfig, OutputKind, PdfText
+from ocrd.config.base import Strict
+from ocrd.files.beneath import folder_beneath
+from ocrd.files.dropped import NotRegularFile
+from ocrd.intake.uploads import upload_of
+
+RECORD = ".task.json"
+MAX_RECORD_BYTES = 64 * 1024
+TASK_OUTPUTS = (OutputKind.docling,)  # what a task's answer is assembled from
+
+
+class TaskRecordError(Exception):
+    """A task's record exists but cannot be read: its document must not be converted
+    under other options than those asked for."""
+
+
+class TaskOptions(Strict):
+    """What a task asked for. Unset fields leave the inbox's settings as they are."""
+
+    created_at: float  # wall-clock seconds
+    pages: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
+    pdf_text: PdfText | None = None
+    figures: bool | None = None
+    page_separator: str | None = None
+    # What the answer holds (the result is assembled from the outputs when asked for).
+    to_formats: tuple[str, ...] = ("md",)
+    image_export_mode: str = "placeholder"
+    filename: str = ""  # as the client named it
+
+    def record(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    def inbox_settings(self, inbox: InboxConfig) -> InboxConfig:
+        """The inbox's settings with this task's changes: its options, its answer's
+        outputs (a DoclingDocument, and the layout file that says which pages the engine
+        left unfinished)."""
+        update: dict[str, Any] = {
+            "outputs": tuple(dict.fromkeys((*inbox.outputs, *TASK_OUTPUTS))),
+            "layout_file": True,
+        }
+        if self.pdf_text is not None:
+            update["pdf_text"] = self.pdf_text
+        if self.figures is not None:
+            update["figures"] = self.figures
+        if self.page_separator is not None:
+            update["page_separator"] = self.page_separator
+        return inbox.model_copy(update=update)
+
+
+def write_record(folder: int, options: TaskOptions) -> None:
+    """Write the record into an upload's folder (a descriptor), durably. Blocking."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(RECORD, flags, 0o644, dir_fd=folder)
+    try:
+        data = memoryview(options.record())
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_record(inbox: InboxConfig, upload_id: str) -> TaskOptions | None:
+    """The task record of an upload; None where it has none (an upload of the documents
+    API). TaskRecordError where it has one that cannot be read. Blocking."""
+    try:
+        with folder_beneath(inbox.path, (UPLOADS_FOLDER, upload_id)) as folder:
+            fd = os.open(RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except (FileNotFoundError, NotADirectoryError, NotRegularFile):
+        return None
+    except OSError as error:
+        raise TaskRecordError(f"cannot open its task record: {error.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_RECORD_BYTES + 1)
+    try:
+        if len(data) > MAX_RECORD_BYTES:
+            raise ValueError("it is too large")
+        return TaskOptions.model_validate(json.loads(data))
+    except (ValueError, ValidationError) as error:
+        raise TaskRecordError(f"its task record is damaged: {error}") from None
+
+
+def task_of(inbox: InboxConfig, relative: str | PurePath) -> TaskOptions | None:
+    """The options of the task a claimed document belongs to, if it is one. Blocking."""
+    upload_id = upload_of(str(relative))
+    return read_record(inbox, upload_id) if upload_id is not None else None
+
+
+def remove_record(inbox: InboxConfig, upload_id: str) -> None:
+    """Remove a task's record and its upload folder (empty by then). Blocking."""
+    gone = (FileNotFoundError, NotADirectoryError, NotRegularFile)
+    with contextlib.suppress(*gone), folder_beneath(inbox.path, (UPLOADS_FOLDER, upload_id)) as fd:
+        os.unlink(RECORD, dir_fd=fd)
+    # A folder that holds something else stays (OSError).
+    with contextlib.suppress(OSError), folder_beneath(inbox.path, (UPLOADS_FOLDER,)) as uploads:
+        os.rmdir(upload_id, dir_fd=uploads)

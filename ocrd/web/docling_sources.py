@@ -1,0 +1,113 @@
+"""The sources of `POST /v1/convert/source`: a file sent as base64, or an `http` source
+fetched by ocrd, which is off unless `http.docling.url_hosts` lists the URL's host.
+
+A URL source never reaches an internal address: every address its host resolves to must be
+public (not loopback, private, link-local, multicast or reserved), unless the list names
+that address itself (`127.0.0.1`, a deliberate choice of the operator); redirects are not
+followed (a redirect could lead anywhere); the body is limited to `max_upload_mb` and the
+whole fetch to `upload_timeout_seconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import ipaddress
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import httpx
+
+from ocrd.intake.uploads import UploadRefused
+
+FETCH_CHUNK_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Fetched:
+    name: str
+    data: bytes
+
+
+def file_source(source: dict[str, Any], max_bytes: int) -> Fetched:
+    """A `file` source: its base64 content decoded."""
+    encoded = source.get("base64_string")
+    name = source.get("filename")
+    if not isinstance(encoded, str) or not isinstance(name, str):
+        raise UploadRefused(422, "a file source needs 'base64_string' and 'filename'")
+    if len(encoded) > max_bytes * 4 // 3 + 4:
+        raise UploadRefused(413, "the file is larger than this server takes (max_upload_mb)")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise UploadRefused(422, f"the base64 content of {name!r} is malformed") from None
+    if not data:
+        raise UploadRefused(400, "the file is empty")
+    return Fetched(name, data)
+
+
+def _public(address: str) -> bool:
+    return ipaddress.ip_address(address.split("%")[0]).is_global
+
+
+async def _check_host(host: str, port: int, allowed: tuple[str, ...]) -> None:
+    """UploadRefused unless the host is listed and reaches no internal address."""
+    listed = {entry.lower().strip("[]") for entry in allowed}
+    if host.lower() not in listed:
+        why = "URL sources are off (http.docling.url_hosts is empty)" if not allowed else (
+            f"its host {host!r} is not in http.docling.url_hosts"
+        )  # fmt: skip
+        raise UploadRefused(422, f"the http source is refused: {why}")
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise UploadRefused(422, f"the http source's host {host!r} is unknown: {error}") from None
+    for *_, address in infos:
+        ip = str(address[0])
+        if not _public(ip) and ip not in listed:
+            raise UploadRefused(
+                422,
+                f"the http source's host {host!r} resolves to the internal address {ip}; ocrd "
+                "fetches only from public addresses (or one http.docling.url_hosts names)",
+            )
+
+
+async def url_source(
+    source: dict[str, Any], allowed: tuple[str, ...], max_bytes: int, timeout: float
+) -> Fetched:
+    """An `http` source fetched, within the limits above."""
+    url = source.get("url")
+    if not isinstance(url, str):
+        raise UploadRefused(422, "an http source needs a 'url'")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UploadRefused(422, f"the http source {url!r} is no http(s) URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    await _check_host(parts.hostname, port, allowed)
+    headers = source.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise UploadRefused(422, "an http source's 'headers' must be an object")
+    try:
+        async with asyncio.timeout(timeout), httpx.AsyncClient(
+            follow_redirects=False, timeout=timeout
+        ) as client, client.stream("GET", url, headers={str(k): str(v) for k, v in
+                                                        headers.items()}) as answer:  # fmt: skip
+            if answer.status_code != 200:
+                raise UploadRefused(422, f"fetching {url!r} was answered {answer.status_code} "
+                                    "(redirects are not followed)")  # fmt: skip
+            data = bytearray()
+            async for chunk in answer.aiter_bytes(FETCH_CHUNK_BYTES):
+                data += chunk
+                if len(data) > max_bytes:
+                    raise UploadRefused(413, f"{url!r} is larger than this server takes "
+                                        "(max_upload_mb)")  # fmt: skip
+    except (httpx.HTTPError, TimeoutError) as error:
+        raise UploadRefused(422, f"fetching {url!r} failed: {error or 'too slow'}") from None
+    if not data:
+        raise UploadRefused(422, f"{url!r} answered an empty file")
+    name = unquote(parts.path.rsplit("/", 1)[-1]) or "download"
+    return Fetched(name, bytes(data))
