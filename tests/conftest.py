@@ -54,6 +54,79 @@ def vllm_cpu_environment() -> Iterator[None]:
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = previous
 
 
+PR_SET_CHILD_SUBREAPER = 36  # prctl: orphaned descendants are re-parented to this process
+LEFTOVER_GRACE_SECONDS = 10.0
+
+
+def _children_of(pid: int) -> set[int]:
+    """Live processes whose parent is `pid`, read from /proc (zombies left out)."""
+    children = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != b"Z":
+            children.add(int(entry))
+    return children
+
+
+def _descendants() -> set[int]:
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in _children_of(todo.pop()) - found:
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def orphans_come_back() -> None:
+    """Processes a test started and lost track of (a vLLM engine core whose daemon was
+    killed, a server a failing test never stopped) are re-parented to pytest rather than to
+    init, so that `no_process_left_behind` finds and ends them."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test (and its other fixtures' teardown), the processes it started that are
+    still running get a few seconds to end by themselves, then are killed; a warning names
+    them. This comes after the test's own outcome and never replaces it: the next test
+    starts on a machine without them."""
+    before = _descendants()
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
+    left = _descendants() - before
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _descendants() - before
+    if not left:
+        return
+    described = []
+    for pid in sorted(left):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                described.append(f"{pid} {handle.read().replace(bytes(1), b' ').decode()[:120]}")
+            os.kill(pid, signal.SIGKILL)
+    for pid in left:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)
+    import warnings
+
+    warnings.warn(
+        f"{request.node.nodeid} left {len(left)} process(es) running; killed: "
+        + "; ".join(described),
+        stacklevel=1,
+    )
+
+
 def write_config(folder: Path, inbox: dict[str, Any] | None = None, **sections: Any) -> Path:
     """A config with one inbox `folder/data/inbox` (created) and the given overrides."""
     (folder / "data" / "inbox").mkdir(parents=True, exist_ok=True)

@@ -50,13 +50,13 @@ def test_documents_end_to_end_with_pages_batched_together(
     )
     daemon = start_daemon(config, env={"NOTIFY_SOCKET": str(notify_socket.path)})
     url = f"http://{daemon.wait_for('http.listening', timeout=60)[0]['address']}"
-    loading = httpx.get(f"{url}/readyz", timeout=10)  # answers while the model loads
+    loading = httpx.get(f"{url}/readyz", timeout=60)  # answers while the model loads
     daemon.wait_for("daemon.ready", timeout=300)
     make_pdf(tmp_path / "keep" / "inbox" / "three.pdf", 3)
     make_pdf(tmp_path / "keep" / "inbox" / "two.pdf", 2)
     make_pdf(tmp_path / "strict" / "inbox" / "one.pdf", 1)
     finished = daemon.wait_for("document.finished", timeout=600, count=3)
-    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{url}/metrics", timeout=60).text
     assert daemon.stop() == 0
 
     assert loading.status_code == 503 and "the engine is loading" in loading.json()["problems"]

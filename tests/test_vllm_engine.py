@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,9 @@ def runner(tiny_model: Path) -> Iterator[EngineRunner]:
     yield runner
     runner.run(runner.engine.stop())
     runner.loop.close()
+    # vLLM's engine object lives on in reference cycles; collected now, while the modules
+    # its finaliser calls are still there (at interpreter exit it prints a TypeError).
+    gc.collect()
 
 
 def small_page() -> Image.Image:
