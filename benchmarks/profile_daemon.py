@@ -147,10 +147,14 @@ def summarise_profile(raw: Path, main_pid: int, top: int) -> list[str]:
     return lines
 
 
-def start_profiler(pid: int, rate: int, output: Path) -> subprocess.Popen[bytes]:
+def start_profiler(
+    pid: int, rate: int, output: Path, gil: bool = False
+) -> subprocess.Popen[bytes]:
     py_spy = Path(sys.executable).parent / "py-spy"
     command = [str(py_spy), "record", "--pid", str(pid), "--subprocesses"]
     command += ["--format", "raw", "--rate", str(rate), "-o", str(output)]
+    if gil:  # only the thread holding the GIL: where Python itself spends the CPU
+        command.append("--gil")
     profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the load starts
     return profiler
@@ -165,6 +169,7 @@ def main() -> None:
     parser.add_argument("--lag", action="store_true", help="measure the event loop's lag")
     parser.add_argument("--baseline", action="store_true", help="also time bare get_pixmap")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument("--gil", action="store_true", help="py-spy: the GIL's holder only")
     parser.add_argument(
         "--replicas",
         type=int,
@@ -192,7 +197,9 @@ def main() -> None:
         )
         daemon.wait_for("daemon.ready", timeout=300)
         raw = folder / "profile.txt"
-        profiler = None if args.no_profile else start_profiler(daemon.process.pid, args.rate, raw)
+        profiler = None if args.no_profile else start_profiler(
+            daemon.process.pid, args.rate, raw, args.gil
+        )
         main_before, workers_before = daemon.cpu_seconds()
         started = time.monotonic()
         for path in paths:
