@@ -31,7 +31,7 @@ from test_http_clients import answer
 from test_shared_folder import make_text_pdf
 from users import SERVICE, Runtime, give, service_runtime, shared_data
 
-from ocrd.intake.claim import Changed, WorkArea
+from ocrd.intake.claiming import Changed, WorkArea
 from ocrd.intake.watch import look_at
 
 pytestmark = pytest.mark.slow

@@ -33,7 +33,7 @@ from mounts import tmpfs
 from test_http import base_url
 
 from ocrd.config import load_config
-from ocrd.intake.claim import WorkArea
+from ocrd.intake.claiming import WorkArea
 from ocrd.web.documents import DocumentState, find_upload
 
 pytestmark = pytest.mark.slow

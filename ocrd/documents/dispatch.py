@@ -26,7 +26,8 @@ from ocrd.documents import crashes, failures
 from ocrd.documents.document import DocumentRunner, Route
 from ocrd.domain import DocumentFailed
 from ocrd.files.dropped import printable
-from ocrd.intake.claim import Changed, Claim, ClaimLost, NotClaimable
+from ocrd.intake.claim import Claim, ClaimLost
+from ocrd.intake.claiming import Changed, NotClaimable
 from ocrd.intake.inboxes import Inbox, Intake, Job
 from ocrd.log import get_logger
 from ocrd.status import WaitingFile

@@ -24,7 +24,8 @@ from pathlib import Path
 from ocrd.config import InboxConfig
 from ocrd.files import remove_stale_temporaries
 from ocrd.files.dropped import Identity, printable
-from ocrd.intake.claim import Claim, NotClaimable, WorkArea
+from ocrd.intake.claim import Claim
+from ocrd.intake.claiming import NotClaimable, WorkArea
 from ocrd.intake.collate import Collator
 from ocrd.intake.instances import Instances
 from ocrd.intake.leases import TakenOver
