@@ -12,7 +12,6 @@ import secrets
 from pathlib import Path
 
 from ocrd.files import rename_checked, rename_new
-from ocrd.intake.claim import STATE_FILE
 from ocrd.intake.leases import (
     LEASES,
     SEPARATOR,
@@ -31,6 +30,7 @@ from ocrd.intake.leases import (
     conflict_message,
     orphans,
     released_holder,
+    survey_of,
     takeable,
 )
 
@@ -67,32 +67,7 @@ class LeaseFolder:
                 probe.unlink()
 
     def survey(self, now: float) -> Survey:
-        seen = []
-        for name in sorted(os.listdir(self.folder)):
-            entry = None if name.startswith(".") else Entry.parse(name)
-            if entry is None:
-                continue  # probes, temporaries, .nfsXXXX files
-            try:  # opening revalidates what a network client has cached of it
-                fd = os.open(self.folder / name, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue  # renamed meanwhile
-            try:
-                data, info = os.read(fd, 65536), os.fstat(fd)
-            finally:
-                os.close(fd)
-            stamp = (info.st_mtime_ns, info.st_ino)
-            seen.append(Seen(entry, info.st_mtime, stamp, Holder.decode(data)))
-        claims: dict[str, int] = {}
-        legacy: list[str] = []
-        with os.scandir(self.work) as entries:
-            for child in entries:
-                if child.name.startswith(".") or not child.is_dir(follow_symlinks=False):
-                    continue
-                if os.path.lexists(os.path.join(child.path, STATE_FILE)):
-                    legacy.append(child.name)
-                else:
-                    claims[child.name] = len(claim_folders(Path(child.path)))
-        return Survey(now, seen, claims, sorted(legacy))
+        return survey_of(self.work, now)
 
     # --- our own lease -------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from ocrd import __version__
+from ocrd.intake.claim import STATE_FILE
 
 INSTANCE_ENV = "OCRD_INSTANCE"
 LEASES = ".leases"
@@ -241,6 +242,38 @@ class Acquired:
 @dataclass(frozen=True)
 class Waiting:
     reason: str
+
+
+def survey_of(work: Path, now: float) -> Survey:
+    """One look at the work area `work`: its leases and markers (each opened, which makes
+    a network client fetch its attributes afresh), and the claim folders of each instance."""
+    folder = work / LEASES
+    seen = []
+    for name in sorted(os.listdir(folder)):
+        entry = None if name.startswith(".") else Entry.parse(name)
+        if entry is None:
+            continue  # probes, temporaries, .nfsXXXX files
+        try:  # opening revalidates what a network client has cached of it
+            fd = os.open(folder / name, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # renamed meanwhile
+        try:
+            data, info = os.read(fd, 65536), os.fstat(fd)
+        finally:
+            os.close(fd)
+        stamp = (info.st_mtime_ns, info.st_ino)
+        seen.append(Seen(entry, info.st_mtime, stamp, Holder.decode(data)))
+    claims: dict[str, int] = {}
+    legacy: list[str] = []
+    with os.scandir(work) as entries:
+        for child in entries:
+            if child.name.startswith(".") or not child.is_dir(follow_symlinks=False):
+                continue
+            if os.path.lexists(os.path.join(child.path, STATE_FILE)):
+                legacy.append(child.name)
+            else:
+                claims[child.name] = len(claim_folders(Path(child.path)))
+    return Survey(now, seen, claims, sorted(legacy))
 
 
 def takeable(
