@@ -16,9 +16,13 @@ claim without writing anything, since another daemon may be finishing it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
 import shutil
+import stat
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -27,6 +31,8 @@ from typing import Any, Protocol
 
 from ocrd.domain import Outcome
 from ocrd.files import fsync_dir, release, replace_file, reserve
+from ocrd.files.beneath import beneath_one_of
+from ocrd.files.dropped import NotRegularFile
 
 STATE_FILE = ".claim.json"
 
@@ -87,12 +93,20 @@ class Settlement:
                  *self.companions]  # fmt: skip
         return [Path(name) for name in names if name is not None]
 
-    def reserve(self, owner: str) -> bool:
-        return all(reserve(name, owner) for name in self.names())
-
-    def release(self, owner: str) -> None:
+    def reserve(self, owner: str, roots: Sequence[Path] = ()) -> bool:
+        """Reserve every name for `owner`; the markers are made in folders opened below
+        `roots` (the output folders) without following a link."""
         for name in self.names():
-            release(name, owner)
+            with beneath_one_of(roots, name) as held:
+                if not reserve(held, owner):
+                    return False
+        return True
+
+    def release(self, owner: str, roots: Sequence[Path] = ()) -> None:
+        for name in self.names():
+            gone = contextlib.suppress(FileNotFoundError, NotADirectoryError, NotRegularFile)
+            with gone, beneath_one_of(roots, name, make=False) as held:
+                release(held, owner)
 
 
 class ClaimLost(Exception):
@@ -216,3 +230,76 @@ class Claim:
         self.check_held()
         shutil.rmtree(self.folder, ignore_errors=True)
         fsync_dir(self.folder.parent)
+
+
+@dataclass(frozen=True)
+class Destinations:
+    """The folders a claim of one inbox may settle into."""
+
+    outbox: Path
+    done: Path
+    failed: Path
+
+    @property
+    def roots(self) -> tuple[Path, Path, Path]:
+        return (self.outbox, self.done, self.failed)
+
+
+def untrusted(state: ClaimState, folder: Path, destinations: Destinations | None) -> str | None:
+    """Why a claim's saved state cannot be ocrd's own, in words; None where it can. A claim
+    names its originals by paths relative to its folder (no `..`, nothing absolute, no link
+    on the way) and plans moves only into its inbox's own outbox, done/ and failed/: a
+    state that says otherwise was written by someone else (the work area is checked to be
+    ocrd's alone at start, so this is a second line), and is never acted on."""
+    for relative in (state.relative_path, *state.companions):
+        why = _unsafe_relative(relative) or _link_on_the_way(folder, relative)
+        if why is not None:
+            return f"its original {relative!r} {why}"
+    settlement = state.settlement
+    if settlement is None or destinations is None:
+        return None
+    done = settlement.outcome is Outcome.done
+    home = destinations.done if done else destinations.failed
+    planned = [(settlement.original, home), *((c, home) for c in settlement.companions)]
+    planned += [(str(m), destinations.outbox) for m in settlement.markdowns()] if done else []
+    if not done and settlement.error_report is not None:
+        planned.append((settlement.error_report, destinations.failed))
+    for target, root in planned:
+        if not _inside(target, root):
+            return f"it plans to move a file to {target!r}, outside {root}"
+    return None
+
+
+def _unsafe_relative(relative: str) -> str | None:
+    path = PurePath(relative)
+    if not relative or path.is_absolute():
+        return "is not a relative path"
+    if any(part in ("..", ".") for part in relative.split("/")):
+        return "leads out of its folder (..)"
+    return None
+
+
+def _link_on_the_way(folder: Path, relative: str) -> str | None:
+    here = folder
+    parts = PurePath(relative).parts
+    for index, part in enumerate(parts):
+        here = here / part
+        try:
+            mode = os.lstat(here).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # not there (settled, or never filled): nothing to follow
+        if stat.S_ISLNK(mode):
+            return "passes through a symbolic link"
+        last = index == len(parts) - 1
+        if not (stat.S_ISDIR(mode) or (last and stat.S_ISREG(mode))):
+            return "is neither a file nor a folder"
+    return None
+
+
+def _inside(target: str, root: Path) -> bool:
+    return (
+        os.path.isabs(target)
+        and os.path.normpath(target) == target
+        and Path(target).is_relative_to(root)
+        and Path(target) != root
+    )

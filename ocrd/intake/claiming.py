@@ -23,7 +23,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from ocrd.files import fsync_dir, rename_new
 from ocrd.files.dropped import (
@@ -39,11 +39,14 @@ from ocrd.intake.claim import (
     UNSHARED,
     Claim,
     ClaimState,
+    Destinations,
     Settlement,
     Tenure,
     new_claim_id,
     now_iso,
+    untrusted,
 )
+from ocrd.intake.receiving import mismatch, read_record, upload_of
 
 
 class NotClaimable(Exception):
@@ -154,6 +157,21 @@ def _still(place: Place, entry: os.stat_result) -> None:
         raise Changed("another file took its place while it was being checked")
 
 
+def _check_upload(place: Place, relative: PurePath, entry: os.stat_result) -> None:
+    """NotClaimable where a file in an upload's folder is not the file uploaded there (its
+    record names it): it is never taken for the upload, nor converted beside it."""
+    upload = upload_of(str(relative))
+    if upload is None:
+        return
+    why = mismatch(read_record(place.folder), place.name, entry)
+    if why is not None:
+        raise NotClaimable(
+            f"it lies in the folder of upload {upload} but is not that upload ({why})",
+            "ocrd never takes it; only ocrd's user or root can have put it there: look at "
+            "it, then remove it",
+        )
+
+
 def _arrived(target: Path, identity: Identity) -> bool:
     """Whether the checked file is at `target` although its rename said "no such file" (a
     network share's client sent the rename again after losing the first reply)."""
@@ -174,10 +192,17 @@ class WorkArea:
     """The claim folders of one inbox that this daemon holds: `work`, the work folder
     itself, or its instance's folder in a work area several daemons share."""
 
-    def __init__(self, inbox: Path, work: Path, tenure: Tenure = UNSHARED) -> None:
+    def __init__(
+        self,
+        inbox: Path,
+        work: Path,
+        tenure: Tenure = UNSHARED,
+        destinations: Destinations | None = None,
+    ) -> None:
         self.inbox = inbox
         self.work = work
         self.tenure = tenure  # replaced by a new lease after one was lost
+        self.destinations = destinations  # where claims may settle (checked when loaded)
 
     def claim(
         self,
@@ -200,6 +225,7 @@ class WorkArea:
             if place is None or entry is None:
                 return None
             relative = path.relative_to(self.inbox)
+            _check_upload(place, relative, entry)
             claim_id = new_claim_id()
             folder = self.work / claim_id
             self.work.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -332,13 +358,20 @@ class WorkArea:
         return claim
 
     def _load(self, folder: Path) -> Claim | None:
+        """The claim in `folder`; quarantined (kept, never acted on) where what it says
+        cannot be ocrd's own (see `untrusted`)."""
         state = self._saved_state(folder)
         if state is not None:
             claim = Claim(folder, state, self.tenure)
+            why = untrusted(state, folder, self.destinations)
+            if why is not None:
+                state.quarantine = f"its state cannot be ocrd's own: {why}"
+                return claim
             if claim.path.exists() or claim.path.is_symlink():
                 return claim
             if state.settlement is not None:  # settled: the run died before tidying up
-                state.settlement.release(claim.id)
+                roots = self.destinations.roots if self.destinations else ()
+                state.settlement.release(claim.id, roots)
             return None  # never filled, or settled
         originals = [
             path
@@ -350,6 +383,9 @@ class WorkArea:
             return None  # settled (original moved out) before the folder was removed
         relative = originals[0].relative_to(folder)  # a claim of an earlier ocrd's making
         state = ClaimState(folder.name, str(self.inbox), str(relative), now_iso())
+        why = untrusted(state, folder, None)
+        if why is not None:
+            state.quarantine = f"what it holds cannot be ocrd's own: {why}"
         return Claim(folder, state, self.tenure)
 
     @staticmethod

@@ -38,7 +38,8 @@ from ocrd import __version__
 from ocrd.config import HttpConfig
 from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
-from ocrd.intake.uploads import Receiving, UploadRefused, Uploads, clean_filename
+from ocrd.intake.receiving import Receiving, UploadRefused, clean_filename
+from ocrd.intake.uploads import Uploads
 from ocrd.log import get_logger
 from ocrd.web import openapi
 from ocrd.web.documents import Documents, DocumentState, Found, Outputs, is_document_id
@@ -48,6 +49,7 @@ WRITE_BYTES = 1024 * 1024  # written to disk at a time, in a thread
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers beyond the file's bytes
 MAX_FIELD_BYTES = 4096  # a form field other than the file
 MAX_WAIT_SECONDS = 300.0
+WAIT_RETRY_SECONDS = 10  # told to a waiting client beyond max_waiting_clients
 CONTENT_TYPES = {
     ".md": "text/markdown; charset=utf-8",
     ".json": "application/json",
@@ -127,6 +129,7 @@ class DocumentsApi:
         self.config = config
         self.token = token
         self.log = get_logger()
+        self.waiting = 0  # clients waiting (`?wait=`) now
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_post("/api/documents", self.upload, expect_handler=self.expect)
@@ -181,7 +184,7 @@ class DocumentsApi:
         try:
             self._admit(request)
             async with asyncio.timeout(self.config.upload_timeout_seconds):
-                received = await self._receive(request)
+                received, answer = await self._receive(request)
         except UploadRefused as refused:
             self._refused(request, refused)
             return error(refused.status, refused.reason)
@@ -218,14 +221,20 @@ class DocumentsApi:
             seconds=round(time.monotonic() - started, 3),
             client=request.remote,
         )
-        status_url = self._url(request, received.id)
+        return answer
+
+    def _accepted(self, request: web.Request, receiving: Receiving) -> web.Response:
+        """The answer to an upload, made before it is committed: nothing that could fail is
+        left to do once the file is in the inbox (a client told of a failure then would
+        send it again, and it would be converted twice)."""
+        status_url = self._url(request, receiving.id)
         accepted = UploadAccepted(
-            id=received.id,
+            id=receiving.id,
             state=DocumentState.waiting,
-            inbox=str(received.inbox.path),
-            path=printable(received.relative_path),
-            filename=printable(received.name),
-            size=received.size,
+            inbox=str(receiving.inbox.path),
+            path=printable(receiving.relative_path),
+            filename=printable(receiving.name),
+            size=receiving.size,
             status_url=status_url,
             markdown_url=f"{status_url}/markdown",
         )
@@ -238,7 +247,7 @@ class DocumentsApi:
             "upload.refused", status=refused.status, reason=refused.reason, client=request.remote
         )
 
-    async def _receive(self, request: web.Request) -> Receiving:
+    async def _receive(self, request: web.Request) -> tuple[Receiving, web.Response]:
         inbox_name = request.query.get("inbox")
         if request.content_type != "multipart/form-data":
             filename = request.query.get("filename")
@@ -287,10 +296,12 @@ class DocumentsApi:
         inbox_name: str | None,
         filename: str | None,
         read: Callable[[], Awaitable[bytes]],
-    ) -> Receiving:
-        """Stream the file into its inbox; whatever goes wrong, nothing is left there."""
+    ) -> tuple[Receiving, web.Response]:
+        """Stream the file into its inbox, and its answer; whatever goes wrong, nothing is
+        left there. The answer is made before the commit, which is the last step."""
         inbox = self.uploads.inbox_for(inbox_name)
-        receiving = await asyncio.to_thread(self.uploads.begin, inbox, clean_filename(filename))
+        name = clean_filename(filename)
+        receiving = await asyncio.to_thread(self.uploads.begin, inbox, name, filename)
         limit = self.config.max_upload_bytes
         try:
             pending = bytearray()
@@ -305,19 +316,20 @@ class DocumentsApi:
                 await asyncio.to_thread(receiving.write, pending)
             if receiving.size == 0:
                 raise UploadRefused(400, "the file is empty")
+            answer = self._accepted(request, receiving)
             await asyncio.to_thread(receiving.commit)
         except BaseException:
             cleanup = asyncio.ensure_future(asyncio.to_thread(receiving.abort))
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.shield(cleanup)  # finished even if this task is cancelled
             raise
-        return receiving
+        return receiving, answer
 
     # --- following and fetching ------------------------------------------------------------
 
     def _url(self, request: web.Request, document_id: str, *parts: str) -> str:
         tail = "".join(f"/{quote(part, safe='/')}" for part in parts)
-        return f"{request.url.origin()}/api/documents/{document_id}{tail}"
+        return f"{_origin(request)}/api/documents/{document_id}{tail}"
 
     async def _find(self, request: web.Request) -> Found | web.Response:
         document_id = request.match_info["id"]
@@ -328,9 +340,16 @@ class DocumentsApi:
         if not 0 <= wait <= MAX_WAIT_SECONDS:
             return error(400, f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}")
         found = None
-        if is_document_id(document_id):
-            finder = self.documents.settled(document_id, wait) if wait else None
-            found = await (finder or self.documents.find(document_id))
+        if is_document_id(document_id) and wait:
+            if self.waiting >= self.config.max_waiting_clients:
+                return self._too_many_waiting()
+            self.waiting += 1
+            try:
+                found = await self.documents.settled(document_id, wait)
+            finally:
+                self.waiting -= 1
+        elif is_document_id(document_id):
+            found = await self.documents.find(document_id)
         if found is None:
             return error(
                 404,
@@ -338,6 +357,18 @@ class DocumentsApi:
                 "document finished since ocrd started (the status page links those)",
             )
         return found
+
+    def _too_many_waiting(self) -> web.Response:
+        """Waiting clients have a limit of their own, below the connections', so that they
+        never take every connection (nor the open files behind them)."""
+        limit = self.config.max_waiting_clients
+        response = error(
+            503,
+            f"{limit} clients are waiting already (max_waiting_clients); ask again without "
+            "?wait= or retry later",
+        )
+        response.headers["Retry-After"] = str(WAIT_RETRY_SECONDS)
+        return response
 
     def describe(self, request: web.Request, found: Found) -> DocumentStatus:
         links = DocumentLinks(status=self._url(request, found.id))
@@ -437,6 +468,15 @@ class DocumentsApi:
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(describe_api(self.config))
+
+
+def _origin(request: web.Request) -> str:
+    """`scheme://host` of the request, from its Host header; "" (links relative to this
+    server) where that header is no host at all."""
+    try:
+        return str(request.url.origin())
+    except ValueError:
+        return ""
 
 
 def _opened(outputs: Outputs, parts: Sequence[str]) -> tuple[int, int]:
