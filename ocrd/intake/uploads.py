@@ -182,12 +182,11 @@ class Uploads:
         taking = {str(inbox.path) for inbox in self.config.inboxes if inbox.uploads}
         for gone in set(self.unusable) - taking:
             del self.unusable[gone]  # uploads switched off there by a reload
-        for inbox in list(self.config.inboxes):
-            try:
+        for inbox in [inbox for inbox in self.config.inboxes if inbox.uploads]:
+            try:  # (an `uploads` folder in an inbox taking none is people's own)
                 await asyncio.to_thread(tidy, inbox, stale_after)
             except UploadsFolderUnusable as unusable:
-                if inbox.uploads:
-                    self.notice_unusable(inbox, str(unusable))
+                self.notice_unusable(inbox, str(unusable))
                 continue
             except OSError as error:
                 self.log.warning(

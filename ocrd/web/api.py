@@ -13,9 +13,10 @@ An upload always needs the bearer token, from loopback too, and goes to an inbox
 `uploads: true`. It is refused before its body is read where it can be (the token, the
 inbox, a Content-Length over the limit; a client that sends `Expect: 100-continue` learns
 it before sending anything), and otherwise streamed to disk in pieces, never held in memory
-(`ocrd/intake/uploads.py` writes it). A client that sends nothing for `header_timeout_seconds`, or
-takes longer than `upload_timeout_seconds` in all, is dropped, and what it sent removed.
-Waiting (`?wait=`) holds neither the event loop nor a thread (`Documents.settled`).
+(`ocrd/intake/receiving.py` writes it). A client that sends nothing for
+`header_timeout_seconds`, or takes longer than `upload_timeout_seconds` in all, is dropped,
+and what it sent removed. Waiting (`?wait=`) holds neither the event loop nor a thread
+(`Documents.settled`), and at most `max_waiting_clients` wait at once.
 """
 
 from __future__ import annotations
