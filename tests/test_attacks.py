@@ -633,7 +633,7 @@ def test_malformed_requests_are_refused_without_flooding_the_log(
     garbage = [
         b"\x00\x01\r\n\r\n",
         b"GET /healthz HTTP/1.1\n\n",
-        b"GET /healthz HTTP/1.1\r\nHost: ocrd\r\nAuthorization: Bearer \xff\xfe\r\n\r\n",
+        b"GET /api/status HTTP/1.1\r\nHost: ocrd\r\nAuthorization: Bearer \xff\xfe\r\n\r\n",
     ]
     answers = []
     for request in garbage * 20:
