@@ -34,7 +34,8 @@ from ocrd.intake.leases import (
     Waiting,
     takeable,
 )
-from ocrd.intake.watch import filesystem_of, is_network_filesystem, polling_of, scan
+from ocrd.intake.mounts import filesystem_of, is_network_filesystem, polling_of
+from ocrd.intake.watch import scan
 
 LEASE = 30.0
 

@@ -46,6 +46,7 @@ from ocrd.web.api import DocumentsApi, token_matches
 from ocrd.web.documents import Documents
 from ocrd.web.metrics import CONTENT_TYPE, Metrics
 from ocrd.web.statuspage import render
+from ocrd.web.uploading import Uploading
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LINGERING_SECONDS = 1.0  # after the answer, how long a body nobody reads may still come
@@ -271,8 +272,8 @@ class WebServer:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         if self.uploads is not None and self.documents is not None:
-            api = DocumentsApi(self.uploads, self.documents, self.config, self.token)
-            api.add_routes(app.router)
+            Uploading(self.uploads, self.config, self.token).add_routes(app.router)
+            DocumentsApi(self.documents, self.config).add_routes(app.router)
         return app
 
     async def start(self) -> str:
