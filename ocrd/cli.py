@@ -224,5 +224,5 @@ def check_config(config_path: Path | None) -> None:
     for problem in problems:
         click.echo(f"ocrd: {config_path}: {problem}", err=True)
     if problems:
-        sys.exit(1)
+        sys.exit(78)  # EX_CONFIG, as `ocrd run` refuses
     click.echo(f"{config_path}: OK ({len(config.inboxes)} inboxes, engine {config.engine.kind})")

@@ -1,15 +1,72 @@
-"""Structured logging: JSON lines for journald and files, readable lines on a terminal."""
+"""Structured logging: JSON lines for journald and files, readable lines on a terminal.
+
+Every line ocrd writes is an event: its own (structlog), and what libraries log through
+the standard library (aiohttp, asyncio, RapidOCR, vLLM in-process) and Python's warnings,
+which become `library.log` and `python.warning` events with the logger's name and the
+message made printable. A library that adds a handler of its own writing to the terminal
+(RapidOCR's coloured one) or stops its records from reaching ocrd's handler has neither
+effect: loggers made after `configure_logging` are `_LibraryLogger`s, and those made
+before are set right there.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
-from typing import Literal
+from collections.abc import MutableMapping
+from typing import Any, Literal
 
 import structlog
 
 LogFormat = Literal["auto", "json", "console"]
 FilteringBoundLogger = structlog.typing.FilteringBoundLogger
+LIBRARY_LEVEL = logging.WARNING  # libraries' per-request chatter would drown ocrd's events
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours and cursor moves
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class _LibraryLogger(logging.Logger):
+    """A library's logger whose records always reach ocrd's handler, and which takes no
+    handler that would write to the terminal by itself (files and the like it keeps)."""
+
+    @property
+    def propagate(self) -> bool:
+        return True
+
+    @propagate.setter
+    def propagate(self, value: bool) -> None:
+        pass  # a library's `propagate = False` would hide its warnings from the journal
+
+    def addHandler(self, handler: logging.Handler) -> None:
+        if not _writes_to_terminal(handler):
+            super().addHandler(handler)
+
+
+def _writes_to_terminal(handler: logging.Handler) -> bool:
+    return isinstance(handler, logging.StreamHandler) and not isinstance(
+        handler, logging.FileHandler
+    )
+
+
+def _adopt_existing_loggers() -> None:
+    """Loggers libraries made before logging was configured: the same as `_LibraryLogger`."""
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger) and not isinstance(logger, _LibraryLogger):
+            logger.propagate = True
+            for handler in [h for h in logger.handlers if _writes_to_terminal(h)]:
+                logger.removeHandler(handler)
+
+
+def _library_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A record of the standard library's logging as an event of ocrd's own kind."""
+    record = event.get("_record")
+    name = record.name if record is not None else "?"
+    message = _CONTROLS.sub(" ", _ANSI.sub("", str(event.get("event", "")))).strip()
+    event["event"] = "python.warning" if name == "py.warnings" else "library.log"
+    event["logger"] = name
+    event["message"] = message
+    return event
 
 
 def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
@@ -32,10 +89,36 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    # Libraries that log through the standard library (vLLM, RapidOCR) go to stderr too,
-    # but only their warnings: their per-request chatter would drown ocrd's own events.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")
-    logging.getLogger("RapidOCR").setLevel(logging.WARNING)
+    _route_libraries(renderer)
+
+
+def _route_libraries(renderer: structlog.typing.Processor) -> None:
+    """The standard library's logging (and Python's warnings) into the same stream, as
+    events, at warning level and above."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(LIBRARY_LEVEL)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                _library_event,
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(LIBRARY_LEVEL)
+    logging.setLoggerClass(_LibraryLogger)
+    _adopt_existing_loggers()
+    logging.captureWarnings(True)
     # watchdog warns when its thread is stopped while events are queued: every stop does that.
     logging.getLogger("watchdog").setLevel(logging.ERROR)
     # A malformed request is the client's mistake, answered 400; a traceback a request would

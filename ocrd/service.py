@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,7 @@ class Service:
         self.instances.listener = self
         self.instances.serves = lambda work: bool(self.intake.on_work(work))
         self.dispatcher.shared = lambda inbox: self.instances.shared(inbox.config.work)
+        self.dispatcher.stopping = self.stopping  # claiming ends the moment it is set
 
     # --- the main loop -------------------------------------------------------------------
 
@@ -87,12 +89,16 @@ class Service:
             tick += 1
 
     async def tick(self, tick: int) -> None:
-        """Everything the main loop does; per-file problems are handled where they occur."""
+        """Everything the main loop does; per-file problems are handled where they occur.
+        A stop asked for meanwhile ends it after the step under way (claiming ends at once:
+        the dispatcher looks before each claim)."""
         self.dispatcher.add(await self.intake.collect())
         if self.supervisor.watch(self.engine):
             self.report_status()
-        if self.engine.health.state is EngineState.ready and not self.stopping.is_set():
+        if self.engine.health.state is EngineState.ready:
             await self.dispatcher.dispatch()
+        if self.stopping.is_set():
+            return
         if self.reload_requested:
             self.reload_requested = False
             await self.reload()
@@ -205,6 +211,8 @@ class Service:
             problems.append(f"STORAGE FAULT, retrying: {self.runner.storage.fault}")
         problems += self.intake.problems()
         problems += self.instances.problems()
+        if self.web.uploads is not None:
+            problems += self.web.uploads.problems()
         if self.stopping.is_set():
             problems.append("stopping")
         return problems
@@ -262,16 +270,15 @@ class Service:
         )
 
     def _inbox_status(self, inbox: Inbox, now: float) -> InboxStatus:
-        waiting = self.intake.arriving(inbox, now) + self.dispatcher.queued(inbox, now)
-        waiting.sort(key=lambda f: -f.waiting_seconds)
+        waiting = self.intake.arriving(inbox) + self.dispatcher.queued(inbox)
+        oldest = heapq.nsmallest(WAITING_LISTED, waiting, key=lambda w: w[0])  # thousands: cheap
         root = str(inbox.config.path)
         return InboxStatus(
             path=root,
             watching=inbox.watcher.watching,
             waiting_count=len(waiting),
-            oldest_waiting_seconds=round(waiting[0].waiting_seconds, 1) if waiting else None,
-            waiting=[w.model_copy(update={"waiting_seconds": round(w.waiting_seconds, 1)})
-                     for w in waiting[:WAITING_LISTED]],
+            oldest_waiting_seconds=round(now - oldest[0][0], 1) if oldest else None,
+            waiting=[self.intake.listed(inbox, w, now) for w in oldest],
             in_flight=[
                 flight.report(now)
                 for flight in self.runner.in_flight.values()
@@ -279,6 +286,8 @@ class Service:
             ],
             blocked=self.intake.blocked_files(inbox),
             instances=self.instances.report(inbox.config.work),
+            uploads=inbox.config.uploads,
+            uploads_problem=self.web.uploads.unusable.get(root) if self.web.uploads else None,
         )  # fmt: skip
 
 

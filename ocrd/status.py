@@ -59,6 +59,8 @@ class InboxStatus(BaseModel):
     in_flight: list[DocumentProgress]
     blocked: list[BlockedFile] = []
     instances: list[InstanceStatus] = []  # the daemons sharing its work area
+    uploads: bool = False  # it takes uploads
+    uploads_problem: str | None = None  # why its uploads folder cannot be used
 
 
 class FinishedDocument(BaseModel):

@@ -31,7 +31,7 @@ from test_http_clients import answer
 from test_shared_folder import make_text_pdf
 from users import SERVICE, Runtime, give, service_runtime, shared_data
 
-from ocrd.intake.claim import Changed, WorkArea
+from ocrd.intake.claiming import Changed, WorkArea
 from ocrd.intake.watch import look_at
 
 pytestmark = pytest.mark.slow
@@ -633,7 +633,7 @@ def test_malformed_requests_are_refused_without_flooding_the_log(
     garbage = [
         b"\x00\x01\r\n\r\n",
         b"GET /healthz HTTP/1.1\n\n",
-        b"GET /healthz HTTP/1.1\r\nHost: ocrd\r\nAuthorization: Bearer \xff\xfe\r\n\r\n",
+        b"GET /api/status HTTP/1.1\r\nHost: ocrd\r\nAuthorization: Bearer \xff\xfe\r\n\r\n",
     ]
     answers = []
     for request in garbage * 20:

@@ -28,7 +28,8 @@ from ocrd.domain import (
     Stage,
 )
 from ocrd.engines import EngineDeadError
-from ocrd.intake.claim import Claim, Naming, Settlement, WorkArea
+from ocrd.intake.claim import Claim, Naming, Settlement
+from ocrd.intake.claiming import WorkArea
 from ocrd.output.page import PageResult
 from ocrd.output.settle import Settler
 from ocrd.text.grounding import Block

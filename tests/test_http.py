@@ -148,14 +148,15 @@ def test_clients_other_than_loopback_need_the_token(tmp_path: Path, start_daemon
     port = base_url(daemon).rsplit(":", 1)[1]
     daemon.wait_for("daemon.ready")
     outside = f"http://{outward_address()}:{port}"
-    assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200  # loopback: free
-    refused = httpx.get(f"{outside}/readyz")
+    assert httpx.get(f"http://127.0.0.1:{port}/api/status").status_code == 200  # loopback
+    refused = httpx.get(f"{outside}/api/status")
     assert refused.status_code == 401 and "bearer token" in refused.json()["error"]
+    assert httpx.get(f"{outside}/readyz").status_code == 200  # health: a load balancer's
     assert (
         httpx.get(f"{outside}/metrics", headers={"Authorization": "Bearer wrong"}).status_code
         == 401
     )
-    allowed = httpx.get(f"{outside}/readyz", headers={"Authorization": "Bearer s3cret"})
+    allowed = httpx.get(f"{outside}/api/status", headers={"Authorization": "Bearer s3cret"})
     assert allowed.status_code == 200
     assert httpx.get(f"{outside}/?token=s3cret").status_code == 200
     assert daemon.stop() == 0

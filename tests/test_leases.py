@@ -19,21 +19,23 @@ from mounts import network_share
 from ocrd.config import InboxEntry, parse_config
 from ocrd.config.reload import plan_reload
 from ocrd.files import rename_checked, rename_new
-from ocrd.intake import leases
-from ocrd.intake.claim import ClaimLost, WorkArea
+from ocrd.intake import lease_folder
+from ocrd.intake.claim import ClaimLost
+from ocrd.intake.claiming import WorkArea
 from ocrd.intake.instances import InstanceNameError, Lease, instance_name
+from ocrd.intake.lease_folder import LeaseFolder
 from ocrd.intake.leases import (
     LEASES,
     Acquired,
     Holder,
     LeaseConflict,
-    LeaseFolder,
     LeaseLost,
     Round,
     Waiting,
     takeable,
 )
-from ocrd.intake.watch import filesystem_of, is_network_filesystem, polling_of, scan
+from ocrd.intake.mounts import filesystem_of, is_network_filesystem, polling_of
+from ocrd.intake.watch import scan
 
 LEASE = 30.0
 
@@ -166,7 +168,7 @@ def test_a_lease_that_cannot_be_given_back_at_once_is_given_back_later_not_taken
     def failing(source: Path, target: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(leases, "rename_new", failing)
+    monkeypatch.setattr(lease_folder, "rename_new", failing)
     giving_back: dict[str, str] = {}
     assert taker.take(judged, giving_back=giving_back) is None
     assert list(giving_back.values()) == ["a"]

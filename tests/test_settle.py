@@ -11,7 +11,7 @@ from conftest import files_under
 from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
 from ocrd.domain import DocumentFailed, DocumentResult, InputFormat
 from ocrd.engines.base import PageText
-from ocrd.intake.claim import WorkArea
+from ocrd.intake.claiming import WorkArea
 from ocrd.output.page import PageResult
 from ocrd.output.settle import Settler
 from ocrd.text.grounding import Block

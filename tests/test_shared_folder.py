@@ -28,7 +28,7 @@ from helpers import make_pdf
 from test_http import base_url, metric, run_ocrd_status
 from users import SERVICE, give, service_runtime, shared_data, uid
 
-from ocrd.intake.claim import Changed, WorkArea
+from ocrd.intake.claiming import Changed, WorkArea
 from ocrd.intake.watch import look_at
 
 pytestmark = pytest.mark.slow

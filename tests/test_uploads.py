@@ -33,7 +33,7 @@ from mounts import tmpfs
 from test_http import base_url
 
 from ocrd.config import load_config
-from ocrd.intake.claim import WorkArea
+from ocrd.intake.claiming import WorkArea
 from ocrd.web.documents import DocumentState, find_upload
 
 pytestmark = pytest.mark.slow
@@ -402,7 +402,8 @@ def test_waiting_for_a_document_holds_no_thread_and_blocks_nothing(
     """Forty clients wait (`?wait=`) on one upload: the daemon gains no thread per waiter,
     /healthz answers meanwhile, and every waiter hears of the settlement."""
     slow = {"kind": "simulated", "simulated": {"seconds_per_page": 1.0, "capacity": 1}}
-    daemon, url = uploading_daemon(tmp_path, start_daemon, engine=slow)
+    http = {"max_waiting_clients": 40}  # beyond it a waiter is told 503 (tests/test_load.py)
+    daemon, url = uploading_daemon(tmp_path, start_daemon, engine=slow, http=http)
     accepted = upload(url, make_pdf(tmp_path / "long.pdf", 8)).json()
     threads_before = len(os.listdir(f"/proc/{daemon.process.pid}/task"))
     answers: list[dict[str, Any]] = []

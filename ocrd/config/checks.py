@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
-from ocrd.config import Config
+from ocrd.config import Config, InboxConfig
+from ocrd.files.permissions import (
+    make_private,
+    may_be_replaced_by_others,
+    others_may_write,
+    user_name,
+)
 
 
 def problems(config: Config, create: bool = True) -> list[str]:
@@ -39,7 +46,7 @@ def check_folders(config: Config, create: bool = True) -> list[str]:
                     )
             if not folder.exists() and create and folder.parent.is_dir():
                 with contextlib.suppress(OSError):
-                    folder.mkdir()
+                    _make(folder, private=role == "work")
             if not folder.is_dir():
                 if create or not folder.parent.is_dir():
                     problems.append(f"{role} folder {folder} does not exist; create it")
@@ -50,7 +57,59 @@ def check_folders(config: Config, create: bool = True) -> list[str]:
                 f"work folder {inbox.work} is on another filesystem than inbox {inbox.path}; "
                 "claiming needs an atomic rename, so put it on the same filesystem"
             )
+        problems += check_work_area(inbox)
     return problems
+
+
+def _make(folder: Path, private: bool) -> None:
+    folder.mkdir(mode=0o700 if private else 0o777)
+    if private:  # whatever a default ACL of its parent hands down
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            make_private(fd, 0o700)
+        finally:
+            os.close(fd)
+
+
+def check_work_area(inbox: InboxConfig) -> list[str]:
+    """The work area must be ocrd's user's alone (as sshd's StrictModes wants a home
+    folder): ocrd trusts the claims and leases in it as its own, so whoever else may write
+    there, or move it away, could make ocrd move files where they choose. Its folders one
+    level down (the leases' folder, each daemon's claims) count too."""
+    work = inbox.work
+    try:
+        info = os.lstat(work)
+    except FileNotFoundError:
+        return []  # made at start, as ocrd's own
+    except OSError as error:
+        return [f"work folder {work} cannot be looked at ({error.strerror})"]
+    uid = os.geteuid() or info.st_uid  # run as root: the work area is its owner's
+    why = may_be_replaced_by_others(work, uid) or _inner_problem(work, uid)
+    if why is None:
+        return []
+    return [
+        f"work folder {work} is not ocrd's alone: {why}; make the work area its user's "
+        f"alone (chown -R {user_name(uid)} {work}; chmod 700 {work}; setfacl -R -b {work}) "
+        f"on a path only root or that user may change, or set inboxes[].work to such a folder"
+    ]
+
+
+def _inner_problem(work: Path, uid: int) -> str | None:
+    """Who else may write one of the work area's own folders (or a link there)."""
+    try:
+        names = sorted(os.listdir(work))
+    except OSError as error:
+        return f"it cannot be listed ({error.strerror})"
+    for name in names:
+        path = work / name
+        with contextlib.suppress(FileNotFoundError):
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                return f"{path} is a symbolic link"
+            why = others_may_write(path, info, uid) if stat.S_ISDIR(info.st_mode) else None
+            if why is not None:
+                return f"{path}: {why}"
+    return None
 
 
 def check_http(config: Config) -> list[str]:

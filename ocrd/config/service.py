@@ -73,6 +73,10 @@ class HttpConfig(Strict):
     trust_loopback: bool = True
     max_connections: Annotated[int, Field(ge=1, le=10000)] = 64  # more are answered 503
     header_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0  # slower clients are dropped
+    # Clients waiting for a document (`?wait=`) at once; more are answered 503 (Retry-After).
+    max_waiting_clients: Annotated[int, Field(ge=0, le=10000)] = 32
+    # /healthz and /readyz answer load balancers without the token unless this is true.
+    health_needs_token: bool = False
     # Uploads (`POST /api/documents`): the largest file taken, and how long its body may take
     # in all (a client that sends nothing for header_timeout_seconds is dropped sooner).
     max_upload_mb: Annotated[float, Field(gt=0)] = 200.0

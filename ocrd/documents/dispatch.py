@@ -24,13 +24,13 @@ from pathlib import Path
 
 from ocrd.documents import crashes, failures
 from ocrd.documents.document import DocumentRunner, Route
-from ocrd.domain import DocumentFailed
+from ocrd.domain import DocumentFailed, Stage
 from ocrd.files.dropped import printable
-from ocrd.intake.claim import Changed, Claim, ClaimLost, NotClaimable
-from ocrd.intake.inboxes import Inbox, Intake, Job
+from ocrd.intake.claim import Claim, ClaimLost
+from ocrd.intake.claiming import Changed, NotClaimable
+from ocrd.intake.inboxes import Inbox, Intake, Job, Waiting
 from ocrd.intake.tasks import TaskRecordError, task_of
 from ocrd.log import get_logger
-from ocrd.status import WaitingFile
 
 # Running out of descriptors or memory is the daemon's state, not the file's: try again.
 RETRY_CLAIM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})
@@ -38,6 +38,9 @@ RETRY_CLAIM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.
 # which it claims no new file: one keeps the engine's batch full (its pages take every free
 # slot), a second lets a small file start beside a book.
 SHARED_WAITING_DOCUMENTS = 2
+# One round of claiming takes at most this long, so that the main loop goes on ticking
+# (the watchdog, the status) while documents that fail at once keep making room.
+DISPATCH_SECONDS = 0.5
 
 
 class Admission:
@@ -74,6 +77,8 @@ def known_failure(job: Job) -> DocumentFailed | None:
     """Why a job fails before it is read, if it does."""
     if job.still_growing:
         return failures.still_growing(job.inbox.config.max_settle_wait_seconds)
+    if job.unreadable:
+        return DocumentFailed(Stage.detect, job.unreadable, error_type="UnreadableJob")
     return None
 
 
@@ -93,6 +98,8 @@ class Dispatcher:
         self.on_crash = on_crash
         # Whether other live daemons serve this inbox too (instances.Instances.shared).
         self.shared: Callable[[Inbox], bool] = lambda _: False
+        # Set once the daemon stops: from then on nothing more is claimed or started.
+        self.stopping = asyncio.Event()
         self.jobs: deque[Job] = deque()
         self.documents: dict[asyncio.Task[None], tuple[Inbox, Claim]] = {}
         self.log = get_logger()
@@ -104,7 +111,9 @@ class Dispatcher:
         """Claim and start documents while there is room; the line keeps its order, so a
         document that must run alone waits for the others to finish. Jobs of an inbox whose
         lease is not held now wait (behind them, the others go on)."""
-        while True:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + DISPATCH_SECONDS
+        while not self.stopping.is_set() and loop.time() < until:
             index = next((i for i, job in enumerate(self.jobs) if self._may_start(job)), None)
             if index is None or not self.admission.admits(runs_alone(self.jobs[index])):
                 return
@@ -186,6 +195,12 @@ class Dispatcher:
             log = self.log.debug if self.shared(inbox) else self.log.info
             log("file.vanished", path=shown, reason="gone before it was claimed")
             return None
+        if self.stopping.is_set():  # the rename was under way as the stop came
+            self.log.warning(
+                "document.interrupted", doc=claim.id, path=printable(claim.state.relative_path),
+                action="claimed as ocrd stopped; left in the work area for the next start",
+            )  # fmt: skip
+            return None
         self.log.info(
             "document.claimed",
             doc=claim.id,
@@ -243,9 +258,6 @@ class Dispatcher:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
-    def queued(self, inbox: Inbox, now: float) -> list[WaitingFile]:
-        return [
-            WaitingFile(path=job.relative_path, waiting_seconds=now - job.since, ready=True)
-            for job in self.jobs
-            if job.inbox is inbox
-        ]
+    def queued(self, inbox: Inbox) -> list[Waiting]:
+        """The files of `inbox` ready and in line (as `Intake.arriving` lists them)."""
+        return [(job.since, True, job) for job in self.jobs if job.inbox is inbox]

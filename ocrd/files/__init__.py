@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ocrd.files.beneath import DIRECTORY, held
+from ocrd.files.permissions import make_private
+
 # Short, recognisable temporary names: a long original name must not make them too long,
 # and files left by a killed run can be told apart from users' files and swept away. They
 # name their writer (its instance), since daemons on several hosts share the outbox and
@@ -234,7 +237,7 @@ def _durable_temporary(folder: Path, data: bytes, make_folder: bool = True) -> P
         folder.mkdir(parents=True, exist_ok=True)
     temporary = temporary_path(folder)
     try:
-        with temporary.open("wb") as handle:
+        with temporary.open("xb") as handle:  # never through a link planted at its name
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -257,9 +260,15 @@ def link_or_copy(source: Path, target: Path) -> None:
     except OSError as error:
         if error.errno not in (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
             raise
-        shutil.copyfile(source, target)
-        with target.open("rb") as handle:
-            os.fsync(handle.fileno())
+        temporary = temporary_path(target.parent)
+        try:
+            with source.open("rb") as data, temporary.open("xb") as copy:
+                shutil.copyfileobj(data, copy)
+                copy.flush()
+                os.fsync(copy.fileno())
+            rename_new(temporary, target)  # never through a link planted at the name
+        finally:
+            temporary.unlink(missing_ok=True)
 
 
 def write_new_file(target: Path, data: bytes) -> None:
@@ -347,17 +356,20 @@ def _copy_folder_across(source: Path, target: Path) -> None:
     """A folder to another filesystem: copied whole under a temporary name and made
     durable, renamed into place, and only then removed at the source."""
     temporary = temporary_path(target.parent)
+    os.mkdir(temporary, 0o700)
     try:
-        # Links arrive as the links they are, never as what they point to; FIFOs, sockets
-        # and devices (left out of the document) are not data and stay behind.
-        shutil.copytree(source, temporary, symlinks=True, ignore=_not_data)
-        for root, _, files in os.walk(temporary):
-            for name in files:
-                path = os.path.join(root, name)
-                if stat.S_ISREG(os.lstat(path).st_mode):
-                    with open(path, "rb") as handle:
-                        os.fsync(handle.fileno())
-            fsync_dir(Path(root))
+        # Copied into the folder held open, made ours alone, so nobody who may write the
+        # target's folder can swap a link in on the way. Links arrive as the links they
+        # are, never as what they point to; FIFOs, sockets and devices (left out of the
+        # document) are not data and stay behind.
+        fd = os.open(temporary, DIRECTORY)
+        try:
+            make_private(fd, 0o700)
+            inside = held(fd, temporary)
+            shutil.copytree(source, inside, symlinks=True, ignore=_not_data, dirs_exist_ok=True)
+            _fsync_tree(inside)
+        finally:
+            os.close(fd)
         if target.exists():
             raise FileExistsError(errno.EEXIST, "file exists", str(target))
         rename_checked(temporary, target)
@@ -366,6 +378,16 @@ def _copy_folder_across(source: Path, target: Path) -> None:
     fsync_dir(target.parent)
     shutil.rmtree(source)
     fsync_dir(source.parent)
+
+
+def _fsync_tree(top: Path) -> None:
+    for root, _, files in os.walk(top):
+        for name in files:
+            path = os.path.join(root, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+        fsync_dir(Path(root))
 
 
 def _not_data(folder: str, names: list[str]) -> set[str]:

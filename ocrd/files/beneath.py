@@ -14,6 +14,7 @@ from pathlib import Path
 from ocrd.files.dropped import NotRegularFile, kind_of
 
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+OPEN_FOLDERS = Path("/proc/self/fd")  # a descriptor's path: the very folder it holds open
 
 
 def not_followed(name: str) -> NotRegularFile:
@@ -25,26 +26,92 @@ def plain_part(part: str) -> bool:
 
 
 @contextlib.contextmanager
-def folder_beneath(root: Path, parts: Sequence[str]) -> Iterator[int]:
+def folder_beneath(root: Path, parts: Sequence[str], make: bool = False) -> Iterator[int]:
     """A descriptor of the folder `root/parts...`, each part opened without following a
-    link (`root` itself is the configuration's). FileNotFoundError, NotADirectoryError or
-    NotRegularFile (a link on the way) where there is no such folder."""
+    link (`root` itself is the configuration's), and made where it is missing if `make`.
+    FileNotFoundError, NotADirectoryError or NotRegularFile (a link on the way, naming the
+    link) where there is no such folder."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for part in parts:
+        for depth, part in enumerate(parts):
             if not plain_part(part):
                 raise FileNotFoundError(errno.ENOENT, "not a plain name", part)
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
             try:
                 inner = os.open(part, DIRECTORY, dir_fd=fd)
             except OSError as error:
                 if error.errno == errno.ELOOP:
-                    raise not_followed(part) from None
+                    raise not_followed(str(root.joinpath(*parts[: depth + 1]))) from None
                 raise
             os.close(fd)
             fd = inner
         yield fd
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def beneath(root: Path, path: Path, make: bool = True) -> Iterator[Path]:
+    """`path` (below `root`) as a path whose folder is held open: its folders below `root`
+    were opened without following a link (and made where missing, with `make`), so whatever is done
+    through the path it yields happens in that very folder. An OSError raised inside names
+    the folder as configured, not the descriptor. ValueError where `path` is not below
+    `root`; NotRegularFile (ELOOP) where a link is on the way."""
+    folder = path.parent
+    parts = folder.relative_to(root).parts
+    if not OPEN_FOLDERS.is_dir():  # no /proc (a chroot): the plain path, checked once
+        with folder_beneath(root, parts, make):
+            yield path
+        return
+    with folder_beneath(root, parts, make) as fd:
+        here = OPEN_FOLDERS / str(fd)
+        try:
+            yield here / path.name
+        except OSError as error:
+            for attribute in ("filename", "filename2"):
+                named = getattr(error, attribute)
+                if isinstance(named, str) and named.startswith(str(here)):
+                    setattr(error, attribute, str(folder) + named[len(str(here)) :])
+            raise
+
+
+@contextlib.contextmanager
+def beneath_one_of(roots: Sequence[Path], path: Path, make: bool = True) -> Iterator[Path]:
+    """`path` held as `beneath` does, below the one of `roots` it lies in (the deepest);
+    `path` itself where it lies in none."""
+    inside = [root for root in roots if path.parent.is_relative_to(root)]
+    if not inside:
+        yield path
+        return
+    with beneath(max(inside, key=lambda root: len(root.parts)), path, make) as held_path:
+        yield held_path
+
+
+@contextlib.contextmanager
+def held_folder(folder: Path) -> Iterator[Path]:
+    """The folder `folder` (one ocrd just made, where others may write) held open, never a
+    link swapped in at its name: a path naming that very folder."""
+    parent = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(folder.name, DIRECTORY, dir_fd=parent)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise not_followed(str(folder)) from None
+        raise
+    finally:
+        os.close(parent)
+    try:
+        yield held(fd, folder)
+    finally:
+        os.close(fd)
+
+
+def held(fd: int, path: Path) -> Path:
+    """A path naming the folder open as `fd` (found at `path`) itself; `path` where there
+    is no /proc to name it by."""
+    return OPEN_FOLDERS / str(fd) if OPEN_FOLDERS.is_dir() else path
 
 
 def open_beneath(root: Path, parts: Sequence[str]) -> int:

@@ -33,10 +33,12 @@ class OwnerRefused(PermissionError):
 
 
 # A name the target cannot have: refused characters, too long, not in its encoding, or
-# one that a folder (or a file) of another document already has on the way.
+# one that a folder (or a file) of another document already has on the way, or a link
+# someone put on the way in an outbox people may write (never followed: `beneath.py`).
 NAME_REFUSED = frozenset(
-    {errno.EINVAL, errno.ENAMETOOLONG, errno.EILSEQ, errno.EEXIST, errno.ENOTDIR, errno.EISDIR}
-)
+    {errno.EINVAL, errno.ENAMETOOLONG, errno.EILSEQ, errno.EEXIST, errno.ENOTDIR, errno.EISDIR,
+     errno.ELOOP}
+)  # fmt: skip
 FILE_REFUSED = frozenset({errno.EFBIG})
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from ocrd.config import InboxConfig
 from ocrd.files import remove_stale_temporaries
 from ocrd.files.dropped import Identity, printable
-from ocrd.intake.claim import Claim, NotClaimable, WorkArea
+from ocrd.intake.claim import Claim, Destinations
+from ocrd.intake.claiming import NotClaimable, WorkArea
 from ocrd.intake.collate import Collator
 from ocrd.intake.instances import Instances
 from ocrd.intake.leases import TakenOver
@@ -72,6 +73,7 @@ class Job:
     claim: Claim | None = None  # or a claim recovered from the work area
     # It never stopped changing (max_settle_wait_seconds): it fails without being read.
     still_growing: bool = False
+    unreadable: str | None = None  # a job folder that cannot be read whole: it fails so
     since: float = field(default_factory=time.monotonic)  # first seen
 
     @property
@@ -80,6 +82,11 @@ class Job:
             return printable(self.claim.state.relative_path)
         assert self.path is not None
         return self.inbox.shown(self.path)
+
+
+# A file waiting, as `Intake.arriving` and `Dispatcher.queued` list it: since when
+# (monotonic), whether it is ready, and where it is (a path in the inbox, or its job).
+Waiting = tuple[float, bool, Path | Job]
 
 
 class Intake:
@@ -97,7 +104,8 @@ class Intake:
         """Serve an inbox: hold a lease on its work area, sweep what a killed run left,
         watch it; the claims it left, as jobs (oldest first) where `recover`."""
         lease = await self.instances.join(config.work)
-        work = WorkArea(config.path, self.instances.claims_folder(config.work), lease)
+        destinations = Destinations(config.outbox, config.done, config.failed)
+        work = WorkArea(config.path, self.instances.claims_folder(config.work), lease, destinations)
         tracker = QuietTracker(config)
 
         def unlisted(folder: Path) -> None:
@@ -219,7 +227,9 @@ class Intake:
                 elif inbox.collator is not None and not ready.folder:
                     jobs += self._collate(inbox, ready.path, ready.first_seen)
                 else:
-                    jobs.append(Job(inbox, ready.path, ready.identity, since=ready.first_seen))
+                    job = Job(inbox, ready.path, ready.identity, since=ready.first_seen)
+                    job.unreadable = ready.unreadable
+                    jobs.append(job)
         return jobs
 
     def release(self, job: Job) -> None:
@@ -304,23 +314,25 @@ class Intake:
         collating = sum(1 for i in self.inboxes if i.collator is not None and i.collator.fronts)
         return sum(len(inbox.tracker) for inbox in self.inboxes) + collating
 
-    def arriving(self, inbox: Inbox, now: float) -> list[WaitingFile]:
-        """Files of `inbox` not yet ready: still changing, or a fronts file waiting."""
-        waiting = [
-            WaitingFile(path=inbox.shown(path), waiting_seconds=now - seen, ready=False)
-            for path, seen in inbox.tracker.waiting()
-            if path not in inbox.blocked
+    @staticmethod
+    def arriving(inbox: Inbox) -> list[Waiting]:
+        """Files of `inbox` not yet ready: still changing, or a fronts file waiting. Plain
+        tuples, cheap for thousands: only those listed are made into reports."""
+        blocked = inbox.blocked
+        waiting: list[Waiting] = [
+            (seen, False, path) for path, seen in inbox.tracker.waiting() if path not in blocked
         ]
         fronts = inbox.collator.fronts if inbox.collator is not None else None
         if fronts is not None:
-            waiting.append(
-                WaitingFile(
-                    path=inbox.shown(fronts.path),
-                    waiting_seconds=now - fronts.first_seen,
-                    ready=True,
-                )
-            )
+            waiting.append((fronts.first_seen, True, fronts.path))
         return waiting
+
+    @staticmethod
+    def listed(inbox: Inbox, waiting: Waiting, now: float) -> WaitingFile:
+        """One waiting file as the status report lists it."""
+        since, ready, where = waiting
+        shown = where.relative_path if isinstance(where, Job) else inbox.shown(where)
+        return WaitingFile(path=shown, waiting_seconds=round(now - since, 1), ready=ready)
 
     @staticmethod
     def blocked_files(inbox: Inbox) -> list[BlockedFile]:

@@ -1,6 +1,6 @@
 """Several daemons on one shared inbox: this daemon's instance name, and its leases in the
 work areas it serves, kept in the background from the moment it starts (before the engine
-loads) until it stops. The files and the moves on them are `ocrd/leases.py`.
+loads) until it stops. The files and the moves on them are `ocrd/intake/leases.py`.
 
 Each daemon is an *instance* with a name: the host name, or `OCRD_INSTANCE` (several on
 one host). It keeps its claims in `<work>/<instance>/`, and renews its lease in each work
@@ -35,13 +35,13 @@ from typing import Protocol
 
 from ocrd.config import InstancesConfig
 from ocrd.intake.claim import ClaimLost
+from ocrd.intake.lease_folder import LeaseFolder
 from ocrd.intake.leases import (
     INSTANCE_ENV,
     NAME,
     Acquired,
     Holder,
     LeaseConflict,
-    LeaseFolder,
     LeaseLost,
     Survey,
     TakenOver,

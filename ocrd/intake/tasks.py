@@ -23,7 +23,7 @@ from ocrd.config import UPLOADS_FOLDER, InboxConfig, OutputKind, PdfText
 from ocrd.config.base import Strict
 from ocrd.files.beneath import folder_beneath
 from ocrd.files.dropped import NotRegularFile
-from ocrd.intake.uploads import upload_of
+from ocrd.intake.receiving import upload_of
 
 RECORD = ".task.json"
 MAX_RECORD_BYTES = 64 * 1024

@@ -28,7 +28,6 @@ import fnmatch
 import heapq
 import itertools
 import os
-import re
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -44,9 +43,13 @@ from watchdog.observers.polling import PollingObserverVFS
 from ocrd.backoff import Backoff
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, InboxConfig
 from ocrd.files.dropped import Identity, link_on_the_way, printable
+from ocrd.intake.mounts import polling_of
 from ocrd.log import get_logger
 
 STAT_RETRY = Backoff(first=1.0, cap=60.0)
+# Candidates looked at in one tick at most (the rest in the next ones): a backlog of
+# thousands is looked at in short steps, so a stop or a status request waits for none.
+DUE_PER_TICK = 1000
 
 
 class EntryKind(StrEnum):
@@ -64,61 +67,10 @@ class Look:
     signature: tuple[int, ...] = ()  # changes whenever the candidate's content does
     files: int = 1  # files in a job folder
     identity: Identity | None = None  # which file (or folder) it is
+    unreadable: str | None = None  # why a job folder cannot be read whole, if it cannot
 
 
 StatOutcome = Look | OSError
-
-
-# Filesystems whose files other machines write: inotify on this one sees none of that.
-NETWORK_FILESYSTEMS = frozenset(
-    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs",
-     "beegfs", "9p", "afs", "ocfs2", "gfs2", "davfs", "fuse"}
-)  # fmt: skip
-
-
-def _unescape_mount_path(field: str) -> str:
-    """A path field of /proc/self/mountinfo, whose spaces and such are octal escapes."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def filesystem_of(path: Path, mountinfo: str | None = None) -> str | None:
-    """The filesystem type `path` lies on (`nfs4`, `fuse.sshfs`, `ext4`), from the mount
-    table; None where there is none to read."""
-    if mountinfo is None:
-        try:
-            mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
-    target = os.path.realpath(path)
-    best, kind = "", None
-    for line in mountinfo.splitlines():
-        fields, _, rest = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not rest:
-            continue
-        point = _unescape_mount_path(parts[4])
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, rest.split()[0]
-    return kind
-
-
-def is_network_filesystem(kind: str | None) -> bool:
-    """Whether files on a filesystem of this type may be written by other machines: the
-    network filesystems, and FUSE ones (sshfs, rclone, s3fs) other than a local disk's."""
-    if kind is None:
-        return False
-    return kind in NETWORK_FILESYSTEMS or (kind.startswith("fuse.") and kind != "fuseblk")
-
-
-def polling_of(inbox: InboxConfig) -> tuple[bool, str]:
-    """Whether to poll `inbox`, and why."""
-    if inbox.polling != "auto":
-        return inbox.polling, "as configured"
-    kind = filesystem_of(inbox.path)
-    if is_network_filesystem(kind):
-        return True, f"the inbox is on {kind}, where inotify does not see what other hosts write"
-    return False, f"the inbox is on {kind or 'a local filesystem'}"
 
 
 def job_folder_of(relative: PurePath, inbox: InboxConfig, is_directory: bool) -> PurePath | None:
@@ -191,14 +143,36 @@ def look_at(path: Path, inbox: Path) -> Look:
     if not stat.S_ISDIR(info.st_mode):
         return Look(EntryKind.other)
     files, size, latest = 0, 0, info.st_mtime_ns
-    for root, folders, names in os.walk(path):
-        latest = max(latest, os.lstat(root).st_mtime_ns)
-        folders[:] = [name for name in folders if not name.startswith(".")]
-        for name in names:
-            entry = os.lstat(os.path.join(root, name))
-            files, size = files + 1, size + entry.st_size
-            latest = max(latest, entry.st_mtime_ns)
-    return Look(EntryKind.folder, (files, size, latest, info.st_ino), files, identity)
+    errors: list[OSError] = []
+    for root, folders, names in os.walk(path, onerror=errors.append):
+        try:
+            latest = max(latest, os.lstat(root).st_mtime_ns)
+            folders[:] = [name for name in folders if not name.startswith(".")]
+            for name in names:
+                entry = os.lstat(os.path.join(root, name))
+                files, size = files + 1, size + entry.st_size
+                latest = max(latest, entry.st_mtime_ns)
+        except OSError as error:  # deeper than PATH_MAX, say: the walk cannot see it all
+            errors.append(error)
+            folders.clear()
+    totals = (files, size, latest, info.st_ino)
+    return Look(EntryKind.folder, totals, files, identity, _unwalkable(path, errors))
+
+
+def _unwalkable(job: Path, errors: list[OSError]) -> str | None:
+    """Why a job folder cannot be read whole (a folder in it that cannot be listed, or one
+    nested deeper than a path can name), in words; None where it can."""
+    unreadable = [e for e in errors if not isinstance(e, PermissionError)]  # blocked instead
+    if not unreadable:
+        return None
+    error = unreadable[0]
+    where = printable(os.path.relpath(error.filename, job)) if error.filename else "in it"
+    if error.errno == errno.ENAMETOOLONG:
+        where = f"{len(os.fsencode(error.filename or ''))} bytes of path deep"
+    return (
+        f"the scan job folder cannot be read whole: {error.strerror} ({where}); its pages "
+        "cannot all be found, so it is not converted"
+    )
 
 
 def stat_all(paths: Iterable[Path], inbox: Path) -> dict[Path, StatOutcome]:
@@ -229,6 +203,7 @@ class Ready:
     still_growing: bool = False  # never settled within max_settle_wait_seconds
     folder: bool = False  # a scan job's folder
     identity: Identity | None = None  # the file that settled: the one to claim
+    unreadable: str | None = None  # a job folder that cannot be read whole: why
 
 
 class QuietTracker:
@@ -264,11 +239,11 @@ class QuietTracker:
         candidate.due = when
         heapq.heappush(self._due, (when, next(self._order), path))
 
-    def due(self) -> list[Path]:
-        """Candidates to stat now."""
+    def due(self, limit: int = DUE_PER_TICK) -> list[Path]:
+        """Candidates to stat now (at most `limit`; the others stay due)."""
         now = self.clock()
         paths: dict[Path, None] = {}
-        while self._due and self._due[0][0] <= now:
+        while self._due and self._due[0][0] <= now and len(paths) < limit:
             when, _, path = heapq.heappop(self._due)
             candidate = self._candidates.get(path)
             if candidate is not None and candidate.due == when:
@@ -299,14 +274,14 @@ class QuietTracker:
                 candidate.signature, candidate.stable_since = outcome.signature, now
             candidate.identity = outcome.identity
             folder = outcome.kind is EntryKind.folder
-            empty = folder and outcome.files == 0  # a job not yet begun
+            empty = folder and outcome.files == 0 and not outcome.unreadable  # not yet begun
             if empty and now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self.log.info("file.skipped", path=str(path), reason="an empty job folder")
                 self._forget(path)
             elif not empty and now - candidate.stable_since >= self.inbox.settle_seconds:
                 self._forget(path)
-                identity = outcome.identity
-                ready.append(Ready(path, candidate.first_seen, folder=folder, identity=identity))
+                ready.append(Ready(path, candidate.first_seen, folder=folder,
+                                   identity=outcome.identity, unreadable=outcome.unreadable))
             elif now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self._forget(path)
                 ready.append(Ready(path, candidate.first_seen, True, identity=outcome.identity))

@@ -15,6 +15,7 @@ daemon that took the claim over finishes it.
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import os
 from pathlib import Path, PurePath
@@ -32,7 +33,8 @@ from ocrd.files import (
     numbered,
     write_new_file,
 )
-from ocrd.files.dropped import printable
+from ocrd.files.beneath import beneath
+from ocrd.files.dropped import NotRegularFile, printable
 from ocrd.files.storage import OwnerRefused, safe_part, safe_relative
 from ocrd.intake.claim import Claim, Naming, Settlement, now_iso
 from ocrd.output.write import (
@@ -134,7 +136,8 @@ class Settler:
         for part, markdown in zip(parts, settlement.markdowns(), strict=True):
             if not markdown.is_file():
                 claim.check_held()
-                write_document(part, settings, markdown, claim.relative_path.name)
+                with beneath(self.inbox.outbox, markdown) as held:  # no link followed
+                    write_document(part, settings, held, claim.relative_path.name)
         self._finish(claim, settlement)
         return settlement
 
@@ -192,16 +195,15 @@ class Settler:
                 return settlement
         raise FileExistsError(f"no free name in {self.inbox.failed} for {relative}")
 
-    @staticmethod
-    def _take(claim: Claim, settlement: Settlement) -> bool:
+    def _take(self, claim: Claim, settlement: Settlement) -> bool:
         """Save the plan, then reserve its names (so that documents of the same name
         settling at the same moment, from another inbox sharing these folders or another
         host, never plan the same files); false, holding nothing, where another planner
         holds one of them."""
         claim.plan(settlement)  # first: after a crash the claim knows which names may be ours
-        if settlement.reserve(claim.id):
+        if settlement.reserve(claim.id, self.roots):
             return True
-        settlement.release(claim.id)
+        settlement.release(claim.id, self.roots)
         return False
 
     def _reused(
@@ -215,7 +217,7 @@ class Settler:
             return None
         fits = settlement.outcome == outcome and settlement.naming == naming
         complete = outcome is Outcome.failed or len(settlement.markdowns()) == parts
-        if fits and complete and settlement.reserve(claim.id):
+        if fits and complete and settlement.reserve(claim.id, self.roots):
             return settlement
         self._abandon(settlement, claim.id)
         return None
@@ -228,22 +230,26 @@ class Settler:
             for relative in claim.state.companions
         ]
 
-    @staticmethod
-    def _abandon(settlement: Settlement, owner: str) -> None:
+    def _abandon(self, settlement: Settlement, owner: str) -> None:
         """Remove what a plan that will not be finished wrote (its original never moved),
         and give up its names; what another planner holds is not touched."""
+        gone = (FileNotFoundError, NotADirectoryError, NotRegularFile)
         for markdown in settlement.markdowns():
-            if holds(markdown, owner):
-                discard_outputs(markdown, with_markdown=True)
+            with contextlib.suppress(*gone), beneath(self.inbox.outbox, markdown, False) as held:
+                if holds(held, owner):
+                    discard_outputs(held, with_markdown=True)
         if settlement.error_report is not None and holds(Path(settlement.original), owner):
-            Path(settlement.error_report).unlink(missing_ok=True)
-        settlement.release(owner)
+            report = Path(settlement.error_report)
+            with contextlib.suppress(*gone), beneath(self.inbox.failed, report, False) as held:
+                held.unlink(missing_ok=True)
+        settlement.release(owner, self.roots)
 
     def _finish_failed(self, claim: Claim, settlement: Settlement) -> Settlement:
         report = Path(settlement.error_report or report_path(Path(settlement.original)))
         if not report.is_file():
             claim.check_held()
-            write_report(report, settlement.error or {})
+            with beneath(self.inbox.failed, report) as held:  # no link followed
+                write_report(held, settlement.error or {})
         self._finish(claim, settlement)
         return settlement
 
@@ -267,9 +273,12 @@ class Settler:
         moved by an earlier attempt; from a claim it no longer holds, by the daemon that
         took it over: so the claim is asked for first."""
         claim.check_held()
+        home = self.inbox.done if settlement.outcome is Outcome.done else self.inbox.failed
         for source, target in zip(claim.companion_paths, settlement.companions, strict=True):
-            _move_original(source, Path(target))
-        _move_original(claim.path, Path(settlement.original))
+            with beneath(home, Path(target)) as held:  # no link followed
+                _move_original(source, held)
+        with beneath(home, Path(settlement.original)) as held:
+            _move_original(claim.path, held)
         claim.check_held()
-        settlement.release(claim.id)
+        settlement.release(claim.id, self.roots)
         claim.release()

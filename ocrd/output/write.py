@@ -29,6 +29,7 @@ from ocrd.files import (
     temporary_path,
     write_new_file,
 )
+from ocrd.files.beneath import held_folder
 from ocrd.files.dropped import printable
 from ocrd.output.page import figure_box_px, page_record
 from ocrd.text.grounding import Block
@@ -206,16 +207,19 @@ def raw_lines(result: DocumentResult) -> bytes:
 def _place_figures(result: DocumentResult, assets: Path) -> None:
     """Copy the figure crops into `assets`, which appears whole (renamed into place)."""
     figures = [figure.path for page in result.pages for figure in page.figures.values()]
-    if assets.exists():
+    if assets.is_symlink():
+        assets.unlink()  # put there since its name was planned; never followed
+    elif assets.exists():
         shutil.rmtree(assets)  # left by an attempt that died before its Markdown
     if not figures:
         return
     staging = temporary_path(assets.parent)
     staging.mkdir(parents=True)
     try:
-        for path in figures:
-            link_or_copy(path, staging / path.name)
-        fsync_dir(staging)
+        with held_folder(staging) as inside:  # never a link swapped in at its name
+            for path in figures:
+                link_or_copy(path, inside / path.name)
+            fsync_dir(inside)
         rename_checked(staging, assets)  # a network share's retried rename is no failure
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # a full disk must not fill up further

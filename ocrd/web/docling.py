@@ -34,15 +34,16 @@ from aiohttp import BodyPartReader, ClientPayloadError, MultipartReader, web
 from ocrd.config import HttpConfig, InboxConfig
 from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
+from ocrd.intake.receiving import Receiving, UploadRefused, clean_filename
 from ocrd.intake.tasks import TaskOptions, remove_record, write_record
-from ocrd.intake.uploads import Receiving, UploadRefused, clean_filename
 from ocrd.log import get_logger
 from ocrd.web import apidocs
-from ocrd.web.api import READ_BYTES, DocumentsApi, token_matches
+from ocrd.web.api import READ_BYTES, token_matches
 from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form, parse
 from ocrd.web.docling_sources import Fetched, file_source, url_source
 from ocrd.web.documents import Documents
 from ocrd.web.tasks import Images, Task, Tasks, TaskStatus, document_content, errors_of
+from ocrd.web.uploading import Uploading
 
 MAX_WAIT_SECONDS = 300.0
 MAX_FIELDS = 200  # form fields of one request
@@ -90,7 +91,7 @@ def task_options(options: DoclingOptions, filename: str) -> TaskOptions:
 class DoclingApi:
     """The routes of docling-serve's API, over the documents API's uploads."""
 
-    def __init__(self, api: DocumentsApi, tasks: Tasks, config: HttpConfig) -> None:
+    def __init__(self, api: Uploading, tasks: Tasks, config: HttpConfig) -> None:
         self.api = api
         self.tasks = tasks
         self.config = config
@@ -193,7 +194,10 @@ class DoclingApi:
             await asyncio.to_thread(write_record, receiving.folder, record)
 
         read = functools.partial(part.read_chunk, READ_BYTES)
-        return await self.api._store(request, str(inbox.path), name, read, before_commit)
+        stored, _ = await self.api._store(
+            request, str(inbox.path), part.filename, read, before_commit
+        )
+        return stored
 
     def _form_options(self, fields: dict[str, list[str]], name: str) -> TaskOptions:
         options = dict(fields)
@@ -240,7 +244,7 @@ class DoclingApi:
         raise UploadRefused(422, f"source kind {kind!r} is not served (file, http)")
 
     def _write(self, inbox: InboxConfig, fetched: Fetched, record: TaskOptions) -> Receiving:
-        receiving = self.api.uploads.begin(inbox, clean_filename(fetched.name))
+        receiving = self.api.uploads.begin(inbox, clean_filename(fetched.name), fetched.name)
         try:
             receiving.write(fetched.data)
             write_record(receiving.folder, record)
@@ -345,7 +349,7 @@ class DoclingApi:
 
 
 def serve_docling_api(
-    app: web.Application, api: DocumentsApi, documents: Documents, config: HttpConfig
+    app: web.Application, api: Uploading, documents: Documents, config: HttpConfig
 ) -> None:
     """docling-serve's routes, the API page, and the tidying of expired tasks while the
     server runs."""

@@ -35,12 +35,13 @@ from ocrd.domain import DocumentSummary, Outcome
 from ocrd.files.beneath import folder_beneath, open_beneath, plain_part, visible_files
 from ocrd.files.dropped import printable
 from ocrd.intake.claim import STATE_FILE
-from ocrd.intake.uploads import UPLOAD_ID, upload_of
+from ocrd.intake.receiving import UPLOAD_ID, mismatch, read_record, upload_of
 from ocrd.output.settle import ERROR_SUFFIX
 from ocrd.output.write import OutputFiles
 
 CLAIM_ID = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")  # claim.new_claim_id
 RECHECK_SECONDS = 2.0  # a waiter looks again this often (another daemon may settle it)
+TELLING_SECONDS = 2.0  # at most this long from a settlement in the files to its summary
 REMEMBERED = 1000  # finished documents remembered (for links and flat names)
 MAX_REPORT_BYTES = 1 << 20  # an error report read back for its reason
 
@@ -173,7 +174,11 @@ def _claimed(inbox: InboxConfig, upload_id: str) -> _Claimed | None:
         with contextlib.suppress(OSError, ValueError):
             state = json.loads((folder / STATE_FILE).read_bytes())
         settlement = state.get("settlement") or {}
-        name, info = files[0]
+        claimed = PurePath(str(state.get("relative_path", ""))).name  # what the claim took
+        own = [(name, info) for name, info in files if name == claimed]
+        if not own:
+            continue
+        name, info = own[0]
         return _Claimed(
             claim, name, info.st_mtime, state.get("claimed_at"),
             settlement.get("markdown"), settlement.get("error_report"),
@@ -204,15 +209,37 @@ def _read_report(root: Path, parts: Sequence[str]) -> dict[str, Any]:
     return report if isinstance(report, dict) else {}
 
 
+def _own_files(root: Path, parts: Sequence[str]) -> list[tuple[str, os.stat_result]]:
+    """The files of an upload's folder that are ocrd's own: an upload's file, its outputs
+    and its report are all written by ocrd's user, so a file someone else put there (an
+    output folder people may write) is never taken for the upload's."""
+    return [(name, info) for name, info in visible_files(root, parts)
+            if info.st_uid == os.geteuid()]  # fmt: skip
+
+
+def _waiting(inbox: InboxConfig, upload_id: str) -> list[tuple[str, os.stat_result]]:
+    """The upload's own file while it waits in the inbox: the one its record names (by
+    name and inode), or the only file of an upload an older ocrd received."""
+    files = visible_files(inbox.path, (UPLOADS_FOLDER, upload_id))
+    try:
+        with folder_beneath(inbox.path, (UPLOADS_FOLDER, upload_id)) as folder:
+            record = read_record(folder)
+    except OSError:
+        return []
+    if record is None:
+        return files if len(files) == 1 else []
+    return [(name, info) for name, info in files if mismatch(record, name, info) is None]
+
+
 def find_upload(inbox: InboxConfig, upload_id: str) -> Found | None:
     """An upload's state in one inbox, from its files. Each place is looked at in the order
     a document passes them, so one moving on meanwhile is found further on. Blocking."""
     where = (UPLOADS_FOLDER, upload_id)
-    waiting = visible_files(inbox.path, where)
+    waiting = _waiting(inbox, upload_id)
     claimed = _claimed(inbox, upload_id)
-    written = [name for name, _ in visible_files(inbox.outbox, where)]
-    failed = visible_files(inbox.failed, where)
-    done = visible_files(inbox.done, where)
+    written = [name for name, _ in _own_files(inbox.outbox, where)]
+    failed = _own_files(inbox.failed, where)
+    done = _own_files(inbox.done, where)
 
     def found(state: DocumentState, name: str, uploaded: float | None) -> Found:
         relative = f"{UPLOADS_FOLDER}/{upload_id}/{name}"
@@ -291,7 +318,19 @@ class Documents:
 
     async def find(self, document_id: str) -> Found | None:
         """An upload's state from its files (a finished dropped document's from memory, by
-        its claim id), with its progress while it converts here."""
+        its claim id), with its progress while it converts here. One that has just settled
+        in its files while this daemon has yet to tell its summary is answered once that is
+        told (a moment later), so that "done" always comes with its pages."""
+        news = self._news
+        found = await self._find_once(document_id)
+        if found is not None and found.settled and self._telling(document_id):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TELLING_SECONDS):
+                    await news.wait()
+            found = await self._find_once(document_id)
+        return found
+
+    async def _find_once(self, document_id: str) -> Found | None:
         found: Found | None = None
         if UPLOAD_ID.match(document_id):
             inboxes = list(self.config.inboxes)
@@ -313,7 +352,7 @@ class Documents:
         deadline = loop.time() + seconds
         while True:
             news = self._news
-            found = await self.find(document_id)
+            found = await self._find_once(document_id)
             left = deadline - loop.time()
             settled = found is not None and found.settled and not self._telling(document_id)
             if found is None or settled or left <= 0:

@@ -59,13 +59,22 @@ class _StateCollector(Collector):
             "Files in an inbox that ocrd's user may not move out (see the status page)",
             labels=["inbox"],
         )
+        uploads = GaugeMetricFamily(
+            "ocrd_uploads_usable",
+            "1 when an inbox taking uploads can keep them, 0 when its uploads folder is "
+            "unusable (see /readyz)",
+            labels=["inbox"],
+        )
         for inbox in report.inboxes:
             waiting.add_metric([inbox.path], inbox.waiting_count)
             oldest.add_metric([inbox.path], inbox.oldest_waiting_seconds or 0.0)
             blocked.add_metric([inbox.path], len(inbox.blocked))
+            if inbox.uploads:
+                uploads.add_metric([inbox.path], 0.0 if inbox.uploads_problem else 1.0)
         yield waiting
         yield oldest
         yield blocked
+        yield uploads
         yield from _instance_metrics(report)
         yield GaugeMetricFamily(
             "ocrd_documents_in_flight", "Documents claimed and being processed",

@@ -18,9 +18,13 @@ host) loopback clients too.
 
 The port is open to anyone who can reach it, and the daemon's files and its HTTP clients
 share one process's open files, so connections are bounded before any token is checked:
-at most `max_connections` at once (more are answered 503 and closed), each must send its
-request's headers within `header_timeout_seconds` (slower clients are dropped), and each
-serves one request.
+at most `max_connections` at once, each must send its request's headers within
+`header_timeout_seconds` (slower clients are dropped), and each serves one request. A
+connection beyond the limit is asked what it wants, briefly: a health check (`/healthz`,
+`/readyz`, `/metrics`) is served from a small reserve of its own, so no number of other
+clients (waiting ones, slow ones) makes the service look dead to its watchdog or a load
+balancer; anything else is answered 503 and closed. Health answers without the token
+unless `health_needs_token` says otherwise.
 """
 
 from __future__ import annotations
@@ -44,9 +48,14 @@ from ocrd.web.docling import serve_docling_api
 from ocrd.web.documents import Documents
 from ocrd.web.metrics import CONTENT_TYPE, Metrics
 from ocrd.web.statuspage import render
+from ocrd.web.uploading import Uploading
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LINGERING_SECONDS = 1.0  # after the answer, how long a body nobody reads may still come
+HEALTH_PATHS = frozenset({b"/healthz", b"/readyz", b"/metrics"})  # served beyond the limit
+UNGUARDED_PATHS = frozenset({"/healthz", "/readyz"})  # no token needed (a load balancer's)
+PEEK_SECONDS = 2.0  # a connection beyond the limit must say what it asks for within this
+MAX_REQUEST_LINE = 8192
 BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 36\r\nRetry-After: 5\r\n\r\nocrd: too many connections; retry.\r\n"
@@ -56,12 +65,33 @@ BUSY = (
 @dataclass
 class ConnectionLimits:
     """How many connections may be open, and how long a client may take to send its
-    request's headers; and what was turned away."""
+    request's headers; the reserve for health checks beyond that; and what was turned
+    away."""
 
     max_connections: int
     header_timeout: float
     open: int = 0
+    peeking: int = 0  # beyond the limit, still saying what they ask for
+    reserve: int = 0  # health checks served beyond the limit
     turned_away: dict[str, int] = field(default_factory=lambda: {"busy": 0, "slow": 0})
+
+    @property
+    def reserve_slots(self) -> int:
+        return max(8, self.max_connections // 4)
+
+    def room(self) -> str | None:
+        """Where a new connection goes: "open", "peeking" (beyond the limit, to be asked
+        what it wants), or None (turned away at once)."""
+        if self.open < self.max_connections:
+            return "open"
+        return "peeking" if self.peeking + self.reserve < self.reserve_slots else None
+
+
+def health_request(head: bytes) -> bool:
+    """Whether a request's first line asks for a health check (GET or HEAD)."""
+    method, _, rest = head.lstrip(b"\r\n").partition(b" ")
+    target = rest.partition(b" ")[0].partition(b"?")[0]
+    return method in (b"GET", b"HEAD") and target in HEALTH_PATHS
 
 
 class _Guarded(asyncio.Protocol):
@@ -75,21 +105,54 @@ class _Guarded(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
         self._begun = False  # a byte other than a line end arrived (a request has begun)
-        self._admitted = False
+        self._admitted: str | None = None  # the count it is in: "open" or "reserve"
+        self._peeked: bytearray | None = None  # beyond the limit: what it sent so far
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        if self._limits.open >= self._limits.max_connections:
-            self._limits.turned_away["busy"] += 1
-            transport.write(BUSY)
-            transport.close()
-            return
-        self._admitted = True
-        self._limits.open += 1
+        room = self._limits.room()
+        if room is None:
+            self._turn_away()
+        elif room == "open":
+            self._admit("open")
+        else:
+            self._limits.peeking += 1
+            self._peeked = bytearray()
+            timeout = min(self._limits.header_timeout, PEEK_SECONDS)
+            self._timer = asyncio.get_running_loop().call_later(timeout, self._too_slow)
+
+    def _turn_away(self) -> None:
+        assert self._transport is not None
+        self._limits.turned_away["busy"] += 1
+        self._transport.write(BUSY)
+        self._transport.close()
+
+    def _admit(self, count: str) -> None:
+        assert self._transport is not None
+        self._admitted = count
+        setattr(self._limits, count, getattr(self._limits, count) + 1)
+        if self._timer is not None:
+            self._timer.cancel()
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(self._limits.header_timeout, self._too_slow)
-        self._handler.connection_made(transport)
+        self._handler.connection_made(self._transport)
+
+    def _peek(self, data: bytes) -> None:
+        """Beyond the limit: a health check is served from the reserve, anything else
+        turned away, as soon as its first line is in."""
+        assert self._peeked is not None
+        self._peeked += data
+        head = bytes(self._peeked).lstrip(b"\r\n")
+        if b"\n" not in head and len(self._peeked) < MAX_REQUEST_LINE:
+            return
+        peeked, self._peeked = bytes(self._peeked), None
+        self._limits.peeking -= 1
+        if health_request(head):
+            self._admit("reserve")
+            self.data_received(peeked)
+        else:
+            self._turn_away()
 
     def _too_slow(self) -> None:
         self._timer = None
@@ -98,6 +161,9 @@ class _Guarded(asyncio.Protocol):
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if self._peeked is not None:
+            self._peek(data)
+            return
         if not self._admitted:
             return
         if self._timer is not None:
@@ -127,9 +193,12 @@ class _Guarded(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._peeked is not None:
+            self._peeked = None
+            self._limits.peeking -= 1
         if self._admitted:
-            self._admitted = False
-            self._limits.open -= 1
+            count, self._admitted = self._admitted, None
+            setattr(self._limits, count, getattr(self._limits, count) - 1)
             self._handler.connection_lost(exc)
 
 
@@ -205,10 +274,11 @@ class WebServer:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         if self.uploads is not None and self.documents is not None:
-            api = DocumentsApi(self.uploads, self.documents, self.config, self.token)
-            api.add_routes(app.router)
+            uploading = Uploading(self.uploads, self.config, self.token)
+            uploading.add_routes(app.router)
+            DocumentsApi(self.documents, self.config).add_routes(app.router)
             if self.config.docling.enabled:
-                serve_docling_api(app, api, self.documents, self.config)
+                serve_docling_api(app, uploading, self.documents, self.config)
         return app
 
     async def start(self) -> str:
@@ -244,6 +314,8 @@ class WebServer:
     async def _authorise(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.token is None and self.config.trust_loopback:
             return await handler(request)
+        if request.path in UNGUARDED_PATHS and not self.config.health_needs_token:
+            return await handler(request)  # what a load balancer asks, and nothing more
         if self.config.trust_loopback and _loopback(request.remote or ""):
             return await handler(request)
         if self.token is None:  # refused at start; never serve without the token asked for

@@ -36,8 +36,8 @@ from urllib.parse import quote, unquote
 from ocrd.config import UPLOADS_FOLDER, Config, InboxConfig
 from ocrd.files.beneath import entries_beneath, folder_beneath, visible_files
 from ocrd.files.dropped import printable
+from ocrd.intake.receiving import UPLOAD_ID
 from ocrd.intake.tasks import RECORD, TaskOptions, TaskRecordError, read_record, remove_record
-from ocrd.intake.uploads import UPLOAD_ID
 from ocrd.log import get_logger
 from ocrd.output.write import OutputFiles
 from ocrd.web.documents import Documents, DocumentState, Found, Outputs
