@@ -23,6 +23,7 @@ from ocrd.config import UPLOADS_FOLDER, InboxConfig, OutputKind, PdfText
 from ocrd.config.base import Strict
 from ocrd.files.beneath import folder_beneath
 from ocrd.files.dropped import NotRegularFile
+from ocrd.intake.receiving import RECORD as UPLOAD_RECORD
 from ocrd.intake.receiving import upload_of
 
 RECORD = ".task.json"
@@ -108,10 +109,13 @@ def task_of(inbox: InboxConfig, relative: str | PurePath) -> TaskOptions | None:
 
 
 def remove_record(inbox: InboxConfig, upload_id: str) -> None:
-    """Remove a task's record and its upload folder (empty by then). Blocking."""
+    """Remove a task's record, the upload's record, and its upload folder (empty by
+    then). Blocking."""
     gone = (FileNotFoundError, NotADirectoryError, NotRegularFile)
     with contextlib.suppress(*gone), folder_beneath(inbox.path, (UPLOADS_FOLDER, upload_id)) as fd:
-        os.unlink(RECORD, dir_fd=fd)
+        for record in (RECORD, UPLOAD_RECORD):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(record, dir_fd=fd)
     # A folder that holds something else stays (OSError).
     with contextlib.suppress(OSError), folder_beneath(inbox.path, (UPLOADS_FOLDER,)) as uploads:
         os.rmdir(upload_id, dir_fd=uploads)
