@@ -1,14 +1,17 @@
 """Searchable PDFs: the original pages, untouched, with the recognised text laid invisibly
 over them.
 
-A document made of one PDF gets its text layer as an incremental update: the output is the
-original file byte for byte, followed by the new objects (a font, and per page a content
-stream and the page's new /Contents and /Resources). Nothing of the original is decoded,
-re-rendered or recompressed, and a signature over the original bytes stays intact. Any other
-document (images, a scan job's files, a duplex pair) is assembled in its page order: a PDF's
-pages are copied with their streams as they are; an image becomes a page of its own size
-(its DPI, or a sensible default) through img2pdf, which keeps JPEG bytes as they are and
-stores other images losslessly (G4 and bilevel scans as CCITT, PNG data as it is).
+A document that is one whole PDF gets its text layer as an incremental update: the output
+is the original file byte for byte, followed by the new objects (a font, and per page a
+content stream and the page's new /Contents and /Resources). Nothing of the original is
+decoded, re-rendered or recompressed, and a signature over the original bytes stays intact.
+A damaged PDF (one MuPDF had to repair to read, or whose pages' content does not decode) is
+rewritten whole instead, as MuPDF reads it, so that what comes out opens cleanly in every
+reader. Any other document (a part of a batch split at separator sheets, images, a scan
+job's files, a duplex pair) is assembled in its page order: a PDF's pages are copied with
+their streams as they are; an image becomes a page of its own size (its DPI, or a sensible
+default) through img2pdf, which keeps JPEG bytes as they are and stores other images
+losslessly (G4 and bilevel scans as CCITT, PNG data as it is).
 
 The text is drawn invisibly with a font of empty glyphs (`pdffont.py`), each line scaled to
 its box over the page's own content (`pdflayer.py`); which text goes where is
@@ -178,6 +181,46 @@ def _fsync(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def damage(doc: Any) -> str | None:
+    """What is wrong with a PDF's structure, or None: MuPDF had to repair it to read it (no
+    trailer, a broken cross-reference table), a stream's length or encryption is wrong, or a
+    page's content stream does not decode. Such a file is rewritten whole rather than
+    updated. Damage inside an image's data is the page as it is, kept as it is. Reading the
+    raw streams and the pages' content streams costs milliseconds (images stay encoded)."""
+    import pymupdf
+
+    if doc.is_repaired:
+        return "its structure is damaged (MuPDF repaired it to read it)"
+    pymupdf.TOOLS.reset_mupdf_warnings()
+    for xref in range(1, doc.xref_length()):
+        if doc.xref_is_stream(xref):
+            doc.xref_stream_raw(xref)
+    for page in doc:
+        page.read_contents()
+    if warnings := pymupdf.TOOLS.mupdf_warnings():
+        return f"it is damaged ({warnings.splitlines()[0]})"
+    return None
+
+
+def restore_contents(doc: Any) -> None:
+    """Each page content stream that does not decode written again as MuPDF reads it (up
+    to the damage), so that the rewritten file holds a stream every reader decodes."""
+    import pymupdf
+
+    for page in doc:
+        for xref in page.get_contents():
+            pymupdf.TOOLS.reset_mupdf_warnings()
+            data = doc.xref_stream(xref)
+            if pymupdf.TOOLS.mupdf_warnings():
+                doc.update_stream(xref, data, compress=True)
+
+
+# A damaged file's rewrite: every object as MuPDF read it, unused ones dropped.
+REPAIRED = {"garbage": 3, "clean": False, "deflate": False, "expand": 0}
+# A file that cannot be updated incrementally otherwise: its streams as they are.
+WHOLE = {"garbage": 0, "clean": False, "deflate": False, "expand": 0}
+
+
 def _layered_copy(
     base: Path,
     target: Path,
@@ -186,8 +229,9 @@ def _layered_copy(
     only: Sequence[int] | None = None,
 ) -> tuple[list[int], list[int], bool]:
     """`base` copied to `target` with the layer appended as an incremental update: the
-    base's bytes come first, unchanged. Where MuPDF had to repair the file to read it,
-    the file is saved whole instead, its streams as they are (the third value False)."""
+    base's bytes come first, unchanged (the third value True). A damaged file (`damage`)
+    is rewritten whole instead, so the output opens cleanly in every reader, and so is one
+    MuPDF cannot update incrementally (the third value False)."""
     shutil.copyfile(base, target)
     doc = open_pdf(target, passwords)
     try:
@@ -195,13 +239,16 @@ def _layered_copy(
             raise SearchablePdfError(
                 f"{_shown(base)} has {doc.page_count} pages, the recognised text {len(layers)}"
             )
+        damaged = damage(doc)
         layered, own_text = lay_text(doc, layers, only)
-        if not layered:
+        if damaged is None and not layered:
             return layered, own_text, True  # the copy is the output
-        if doc.can_save_incrementally():
+        if damaged is None and doc.can_save_incrementally():
             doc.saveIncr()
             return layered, own_text, True
-        data = doc.tobytes(garbage=0, deflate=False, expand=0, clean=False)
+        if damaged is not None:
+            restore_contents(doc)
+        data = doc.tobytes(**(REPAIRED if damaged else WHOLE))
     finally:
         doc.close()
     target.write_bytes(data)
@@ -301,13 +348,9 @@ def _write(
 ) -> SearchablePdfResult:
     assembled = temporary_path(target.parent)  # a killed worker's are swept at start
     try:
-        if (
-            len(files) == 1
-            and files[0][1] is InputFormat.pdf
-            and list(page_order) == [(0, n) for n in range(1, count + 1)]
-        ):
-            base = files[0][0]  # one PDF, its pages in their order: updated as it is
-        else:
+        if _whole_pdf(files, page_order, passwords):
+            base = files[0][0]  # one PDF, all its pages in their order: updated as it is
+        else:  # a part of a PDF, images, several files: a new PDF of the pages in order
             assemble(files, page_order, assembled, passwords)
             base = assembled
         layered, own_text, appended = _layered_copy(base, target, passwords, layers)
@@ -323,6 +366,23 @@ def _write(
     finally:
         assembled.unlink(missing_ok=True)
     return SearchablePdfResult(count, layered, own_text, incremental, route)
+
+
+def _whole_pdf(
+    files: Sequence[tuple[Path, InputFormat]],
+    page_order: Sequence[tuple[int, int]],
+    passwords: Sequence[str],
+) -> bool:
+    """Whether the pages are one PDF's, every one of them, in its own order."""
+    if len(files) != 1 or files[0][1] is not InputFormat.pdf:
+        return False
+    if list(page_order) != [(0, n) for n in range(1, len(page_order) + 1)]:
+        return False
+    doc = open_pdf(files[0][0], passwords)
+    try:
+        return bool(doc.page_count == len(page_order))
+    finally:
+        doc.close()
 
 
 def _archive(
