@@ -6,10 +6,11 @@ rerender), so data flows one way and no step imports another only for its types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
+from typing import cast
 
 from PIL import Image
 
@@ -352,12 +353,32 @@ class DocumentSummary:
     parts: list[dict[str, object]] = field(default_factory=list)
     separators: list[dict[str, object]] = field(default_factory=list)
     renamed: str | None = None  # "safe" or "flat" where the target refused the name
+    # (k, n): what hooks are told of part k of n of a split document (`part_summaries`)
+    part: tuple[int, int] | None = None
     stage: Stage | None = None  # for failures
     page: int | None = None
     reason: str | None = None
     code: str | None = None  # a short reason for metrics
     error_report: str | None = None
     finished_at: float = 0.0  # wall-clock seconds
+
+    def part_summaries(self) -> list[DocumentSummary]:
+        """The document as hooks are told of it: itself, or each part of one split at
+        separator sheets as a document of its own (its Markdown, searchable PDF and pages;
+        the original and the rest shared)."""
+        if not self.parts:
+            return [self]
+        count = len(self.parts)
+        return [
+            replace(
+                self,
+                markdown=str(part["markdown"]),
+                pdf=str(part["pdf"]) if "pdf" in part else None,
+                pages=len(cast(list[int], part["pages"])),
+                part=(number, count),
+            )
+            for number, part in enumerate(self.parts, start=1)
+        ]
 
     @property
     def pages_per_second(self) -> float | None:
