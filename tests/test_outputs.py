@@ -9,12 +9,15 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pymupdf
 import pytest
 from conftest import claims_left, files_under, markdown_under, write_config
 from helpers import make_pdf
 from separator_sheets import Sheet, stack_folder, stack_pdf
+from test_uploads import AUTH, upload, uploading_daemon
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +131,76 @@ def test_a_searchable_pdf_lands_beside_the_markdown_and_survives_a_kill(
     assert (rerendered / "phototest.md").read_text() == (
         data / "outbox" / "phototest.md"
     ).read_text()
+
+
+# Three letters with PATCH-T sheets between them (vector pages: quick to render).
+LETTERS = [
+    Sheet("nearly_blank", "Letter one"),
+    Sheet("patch_t"),
+    Sheet("nearly_blank", "Letter two"),
+    Sheet("nearly_blank", "Letter two, its second page"),
+    Sheet("patch_t"),
+    Sheet("nearly_blank", "Letter three"),
+]
+
+
+def assert_parts_listed_and_served(status: dict[str, Any], outbox: Path, stem: str) -> None:
+    """The API's answer for a document split into three parts: each part with its files,
+    each file as it is in the outbox, and `/markdown` every part's in order."""
+    assert status["state"] == "done"
+    parts = status["links"]["parts"]
+    assert [Path(part["markdown"]).name for part in parts] == [f"{stem}-{k}.md" for k in (1, 2, 3)]
+    for number, part in enumerate(parts, start=1):
+        own = [name for name in files_under(outbox) if name.startswith(f"{stem}-{number}.")]
+        assert sorted(part["files"]) == own
+        assert {f"{stem}-{number}{suffix}" for suffix in (".md", ".pdf", ".layout.json")} <= set(own)
+        for name, url in part["files"].items():
+            answer = httpx.get(url, headers=AUTH, timeout=30)
+            assert answer.status_code == 200, (name, answer.text)
+            assert answer.content == (outbox / name).read_bytes(), name
+        assert (
+            status["links"]["files"][f"{stem}-{number}.pdf"]
+            == part["files"][f"{stem}-{number}.pdf"]
+        )
+    joined = httpx.get(status["links"]["markdown"], headers=AUTH, timeout=30)
+    assert joined.status_code == 200 and joined.headers["Content-Type"].startswith("text/markdown")
+    expected = "\n\n".join(
+        f"<!-- part {k} of 3: {stem}-{k}.md -->\n\n" + (outbox / f"{stem}-{k}.md").read_text()
+        for k in (1, 2, 3)
+    )
+    assert joined.text == expected
+
+
+def test_a_split_upload_lists_every_part_with_its_files_and_serves_them(
+    tmp_path: Path, start_daemon
+) -> None:
+    """An upload cut at separator sheets, and a dropped batch found by its claim id: each
+    part is listed with its Markdown, searchable PDF and layout file, all served; so is an
+    upload's searchable PDF; after a restart (memory gone) the upload's answer is the same,
+    read from the files."""
+    inbox = {"outputs": ["markdown", "pdf"], "split_on": ["patch_t"], "layout_file": True}
+    daemon, url = uploading_daemon(tmp_path, start_daemon, inbox=inbox)
+    batch = stack_pdf(LETTERS, tmp_path / "batch.pdf")
+    split = upload(url, batch).json()
+    whole = upload(url, make_pdf(tmp_path / "scan.pdf", 2)).json()
+    stack_pdf(LETTERS, tmp_path / "data" / "inbox" / "dropped.pdf")
+    outbox = tmp_path / "data" / "outbox"
+    for accepted in (split, whole):
+        httpx.get(f"{accepted['status_url']}?wait=120", headers=AUTH, timeout=130)
+    [dropped] = daemon.wait_for("document.finished", path="dropped.pdf", timeout=120)
+
+    status = httpx.get(split["status_url"], headers=AUTH).json()
+    assert_parts_listed_and_served(status, outbox / "uploads" / split["id"], "batch")
+    by_claim = httpx.get(f"{url}/api/documents/{dropped['doc']}", headers=AUTH).json()
+    assert_parts_listed_and_served(by_claim, outbox, "dropped")
+    single = httpx.get(whole["status_url"], headers=AUTH).json()
+    assert single["links"]["parts"] == [] and "scan.pdf" in single["links"]["files"]
+    pdf = httpx.get(single["links"]["files"]["scan.pdf"], headers=AUTH)
+    assert pdf.headers["Content-Type"] == "application/pdf"
+    assert pdf.content == (outbox / "uploads" / whole["id"] / "scan.pdf").read_bytes()
+    assert daemon.stop() == 0
+
+    again, new_url = uploading_daemon(tmp_path, start_daemon, inbox=inbox)
+    after = httpx.get(f"{new_url}/api/documents/{split['id']}", headers=AUTH).json()
+    assert json.dumps(after["links"]) == json.dumps(status["links"]).replace(url, new_url)
+    assert again.stop() == 0

@@ -55,10 +55,18 @@ CONTENT_TYPES = {
 }
 
 
+class PartLinks(BaseModel):
+    """One part of a document split at separator sheets: a document of its own."""
+
+    markdown: str  # its Markdown's URL
+    files: dict[str, str] = {}  # each of its outputs present (relative name: its URL)
+
+
 class DocumentLinks(BaseModel):
     status: str
-    markdown: str | None = None  # once done
+    markdown: str | None = None  # once done (a split document's: every part's, in order)
     files: dict[str, str] = {}  # each output present (relative name: its URL), once done
+    parts: list[PartLinks] = []  # a document split at separator sheets: each part's
 
 
 class DocumentStatus(BaseModel):
@@ -345,6 +353,11 @@ class DocumentsApi:
             links.markdown = self._url(request, found.id, "markdown")
             links.files = {printable(name): self._url(request, found.id, name)
                            for name in found.files}  # fmt: skip
+            if found.outputs.split:
+                links.parts = [
+                    self._part_links(request, found.id, markdown, names)
+                    for markdown, names in zip(found.outputs.markdowns, found.parts, strict=True)
+                ]
         return DocumentStatus(
             id=found.id,
             state=found.state,
@@ -361,6 +374,15 @@ class DocumentsApi:
             page=found.page,
             reason=found.reason,
             links=links,
+        )
+
+    def _part_links(
+        self, request: web.Request, document_id: str, markdown: str, names: list[str]
+    ) -> PartLinks:
+        """A part's links: its Markdown, and every file of it present."""
+        return PartLinks(
+            markdown=self._url(request, document_id, markdown),
+            files={printable(name): self._url(request, document_id, name) for name in names},
         )
 
     async def status(self, request: web.Request) -> web.Response:
@@ -386,7 +408,7 @@ class DocumentsApi:
         outputs = await self._done_outputs(request)
         if isinstance(outputs, web.Response):
             return outputs
-        return await self._serve(request, outputs, (outputs.markdown,))
+        return await self._serve(request, outputs, *((m,) for m in outputs.markdowns))
 
     async def output(self, request: web.Request) -> web.StreamResponse:
         outputs = await self._done_outputs(request)
@@ -404,15 +426,20 @@ class DocumentsApi:
         return self._not_done(request, found)
 
     async def _serve(
-        self, request: web.Request, outputs: Outputs, parts: Sequence[str]
+        self, request: web.Request, outputs: Outputs, *files: Sequence[str]
     ) -> web.StreamResponse:
-        """One output file, read in a thread a piece at a time; never through a link."""
+        """Output files, read in a thread a piece at a time; never through a link. Several
+        (the parts' Markdown of a split document) follow each other, each introduced by a
+        comment naming its part."""
+        opened: list[tuple[bytes, int, int]] = []  # (introduction, descriptor, size)
         try:
-            fd, size = await asyncio.to_thread(_opened, outputs, parts)
-        except OSError:
-            return error(404, f"no file {'/'.join(parts)!r} among this document's outputs")
-        try:
-            name = parts[-1]
+            for number, parts in enumerate(files, start=1):
+                try:
+                    fd, size = await asyncio.to_thread(_opened, outputs, parts)
+                except OSError:
+                    return error(404, f"no file {'/'.join(parts)!r} among this document's outputs")
+                opened.append((_introduction(number, len(files), parts[-1]), fd, size))
+            name = files[0][-1] if len(files) == 1 else "markdown.md"
             response = web.StreamResponse(
                 headers={
                     "Content-Type": _content_type(name),
@@ -420,23 +447,40 @@ class DocumentsApi:
                     "Content-Disposition": f"inline; filename*=UTF-8''{quote(printable(name))}",
                 }
             )
-            response.content_length = size
+            response.content_length = sum(len(text) + size for text, _, size in opened)
             response.force_close()
             await response.prepare(request)
-            left = size
-            while left > 0:
-                chunk = await asyncio.to_thread(os.read, fd, min(READ_BYTES, left))
-                if not chunk:
-                    break
-                await response.write(chunk)
-                left -= len(chunk)
+            for text, fd, size in opened:
+                await response.write(text)
+                await _copy(fd, size, response)
             await response.write_eof()
             return response
         finally:
-            await asyncio.to_thread(os.close, fd)
+            for _, fd, _ in opened:
+                await asyncio.to_thread(os.close, fd)
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(describe_api(self.config))
+
+
+def _introduction(number: int, count: int, name: str) -> bytes:
+    """What comes before a part's Markdown served with the others: nothing for a single
+    file; a comment naming the part (and a blank line after the part before)."""
+    if count == 1:
+        return b""
+    gap = b"\n\n" if number > 1 else b""
+    return gap + f"<!-- part {number} of {count}: {printable(name)} -->\n\n".encode()
+
+
+async def _copy(fd: int, size: int, response: web.StreamResponse) -> None:
+    """`size` bytes of `fd` to the response, a piece at a time, read in a thread."""
+    left = size
+    while left > 0:
+        chunk = await asyncio.to_thread(os.read, fd, min(READ_BYTES, left))
+        if not chunk:
+            break
+        await response.write(chunk)
+        left -= len(chunk)
 
 
 def _opened(outputs: Outputs, parts: Sequence[str]) -> tuple[int, int]:
