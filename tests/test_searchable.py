@@ -723,6 +723,30 @@ def test_a_damaged_pdf_is_rewritten_and_opens_cleanly_in_every_reader(
                 assert f"words on page {number}" in words, (name, words)
 
 
+@pytest.mark.parametrize("user_password", ["", PASSWORD], ids=["owner password", "user password"])
+def test_a_damaged_encrypted_pdf_is_rewritten_and_stays_encrypted(
+    corpus: Path, tmp_path: Path, user_password: str
+) -> None:
+    """A rewrite keeps the original's protection: the same password opens it, with the same
+    permissions."""
+    with pymupdf.open(corpus / "real" / "ocrmypdf__cardinal.pdf") as doc:
+        doc.save(tmp_path / "sound.pdf", encryption=pymupdf.PDF_ENCRYPT_AES_256,
+                 owner_pw=OWNER_PASSWORD, user_pw=user_password,
+                 permissions=pymupdf.PDF_PERM_PRINT | pymupdf.PDF_PERM_COPY)  # fmt: skip
+    source = with_broken_xref(tmp_path / "sound.pdf", tmp_path / "damaged.pdf")
+    pages = one_line_pages(source, user_password)
+    target = tmp_path / "out.pdf"
+    order = [(0, n) for n in range(1, len(pages) + 1)]
+    result = write_searchable_pdf([(source, InputFormat.pdf)], order, pages, target,
+                                  passwords=[PASSWORD])  # fmt: skip
+    assert not result.incremental and pdf_problems(target, user_password) == []
+    before, after = pymupdf.open(tmp_path / "sound.pdf"), pymupdf.open(target)
+    assert after.needs_pass == bool(user_password)
+    assert after.authenticate(user_password) and before.authenticate(user_password)
+    assert after.metadata["encryption"] and after.permissions == before.permissions
+    assert "words on page 2" in after[1].get_text()
+
+
 @pytest.mark.parametrize("rotation", [0, 90, 180, 270])
 @pytest.mark.parametrize(
     ("media", "crop"),

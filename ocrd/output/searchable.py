@@ -193,7 +193,8 @@ def damage(doc: Any) -> str | None:
         return "its structure is damaged (MuPDF repaired it to read it)"
     pymupdf.TOOLS.reset_mupdf_warnings()
     for xref in range(1, doc.xref_length()):
-        if doc.xref_is_stream(xref):
+        # Cross-reference streams are never encrypted; MuPDF decrypting them warns.
+        if doc.xref_is_stream(xref) and doc.xref_get_key(xref, "Type")[1] != "/XRef":
             doc.xref_stream_raw(xref)
     for page in doc:
         page.read_contents()
@@ -248,11 +249,33 @@ def _layered_copy(
             return layered, own_text, True
         if damaged is not None:
             restore_contents(doc)
-        data = doc.tobytes(**(REPAIRED if damaged else WHOLE))
+        options = REPAIRED if damaged else WHOLE
+        data = doc.tobytes(**options, **_encrypted_as(doc, target, passwords))
     finally:
         doc.close()
     target.write_bytes(data)
     return layered, own_text, False
+
+
+def _encrypted_as(doc: Any, path: Path, passwords: Sequence[str]) -> dict[str, Any]:
+    """The options that encrypt a whole rewrite of `doc` (read from `path`) as it was: the
+    same password opens it (none, where it had only an owner password), with the same
+    permissions (MuPDF drops the encryption of a file it rewrites otherwise); for a file
+    that was not encrypted, none."""
+    import secrets
+
+    import pymupdf
+
+    if not (doc.metadata or {}).get("encryption"):
+        return {}
+    with pymupdf.open(path, filetype="pdf") as again:
+        password = next((p for p in ("", *passwords) if again.authenticate(p)), "")
+    return {
+        "encryption": pymupdf.PDF_ENCRYPT_AES_256,  # type: ignore[attr-defined]
+        "user_pw": password,
+        "owner_pw": secrets.token_urlsafe(24),  # nobody's: the original's is not known
+        "permissions": doc.permissions,
+    }
 
 
 def _set_document_information(doc: Any, first_pdf: Any | None) -> None:
