@@ -245,6 +245,8 @@ class PageResult:
     retried: bool = False
     source: PageSource = PageSource.engine
     separator: SeparatorMark | None = None  # with split_on: what detection found
+    # A page with content (ink, or a text layer) from which no text came: why, in words.
+    no_text: str | None = None
 
     @property
     def layout_blocks(self) -> list[Block]:
@@ -322,6 +324,11 @@ class DocumentResult:
     def blank_pages(self) -> list[int]:
         return [page.number for page in self.pages if page.source is PageSource.blank]
 
+    @property
+    def pages_without_text(self) -> list[int]:
+        """Pages with content (ink, or a text layer) from which no text came."""
+        return [page.number for page in self.pages if page.no_text is not None]
+
     def finish_reasons(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for page in self.pages:
@@ -346,6 +353,7 @@ class DocumentSummary:
     retried_pages: list[int] = field(default_factory=list)
     text_layer_pages: list[int] = field(default_factory=list)
     blank_pages: list[int] = field(default_factory=list)
+    pages_without_text: list[int] = field(default_factory=list)  # content, but no text
     original: str | None = None  # where the original went
     markdown: str | None = None  # the (first part's) Markdown
     pdf: str | None = None  # the (first part's) searchable PDF, where asked for
@@ -412,6 +420,7 @@ class DocumentSummary:
             "retried_pages": self.retried_pages,
             "text_layer_pages": self.text_layer_pages,
             "blank_pages": self.blank_pages,
+            "pages_without_text": self.pages_without_text,
             "markdown": self.markdown,
         }
         if self.pdf:

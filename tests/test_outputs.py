@@ -17,6 +17,7 @@ import pytest
 from conftest import claims_left, files_under, markdown_under, write_config
 from helpers import make_pdf
 from separator_sheets import Sheet, stack_folder, stack_pdf
+from test_http import base_url, metric
 from test_uploads import AUTH, upload, uploading_daemon
 
 pytestmark = pytest.mark.slow
@@ -153,7 +154,8 @@ def assert_parts_listed_and_served(status: dict[str, Any], outbox: Path, stem: s
     for number, part in enumerate(parts, start=1):
         own = [name for name in files_under(outbox) if name.startswith(f"{stem}-{number}.")]
         assert sorted(part["files"]) == own
-        assert {f"{stem}-{number}{suffix}" for suffix in (".md", ".pdf", ".layout.json")} <= set(own)
+        expected = {f"{stem}-{number}{suffix}" for suffix in (".md", ".pdf", ".layout.json")}
+        assert expected <= set(own)
         for name, url in part["files"].items():
             answer = httpx.get(url, headers=AUTH, timeout=30)
             assert answer.status_code == 200, (name, answer.text)
@@ -204,3 +206,62 @@ def test_a_split_upload_lists_every_part_with_its_files_and_serves_them(
     after = httpx.get(f"{new_url}/api/documents/{split['id']}", headers=AUTH).json()
     assert json.dumps(after["links"]) == json.dumps(status["links"]).replace(url, new_url)
     assert again.stop() == 0
+
+
+def shapes(page: pymupdf.Page) -> None:
+    """Ink without a letter: circles and a bar, as a chart or a drawing would be."""
+    for index in range(8):
+        page.draw_circle((150 + index * 40, 300 + (index % 3) * 60), 30 + index * 3,
+                         color=(0.2, 0.3, 0.6), fill=(0.5, 0.7, 0.9))  # fmt: skip
+    page.draw_rect(pymupdf.Rect(80, 500, 520, 700), color=(0, 0, 0), fill=(0.9, 0.6, 0.2))
+
+
+def short_lines_and_shapes(folder: Path) -> dict[str, Path]:
+    """A letter whose pages each carry one short line of real 16 pt text; a report whose
+    second page is a drawing without a word; a document that is nothing but a drawing."""
+    made = {}
+    for name, pages in (("notes", ["Meeting notes, page 1", "Meeting notes, page 2"]),
+                        ("report", ["Quarterly report, second edition", None]),
+                        ("drawing", [None])):  # fmt: skip
+        doc = pymupdf.open()
+        for line in pages:
+            page = doc.new_page(width=595, height=842)
+            if line is None:
+                shapes(page)
+            else:
+                page.insert_text((72, 100), line, fontsize=16)
+        doc.save(folder / f"{name}.pdf")
+        made[name] = folder / f"{name}.pdf"
+    return made
+
+
+def test_no_page_with_content_is_silently_empty(tmp_path: Path, start_daemon) -> None:
+    """One short line of text is taken from the text layer, not refused; a page with ink
+    but no text is named in the Markdown, the summary, the metrics and the status page; a
+    document from which no text came at all fails, saying so (RapidOCR reads the pixels)."""
+    config = write_config(tmp_path, {"outputs": ["markdown", "pdf"]}, engine={"kind": "rapidocr"})
+    data = tmp_path / "data"
+    for path in short_lines_and_shapes(tmp_path).values():
+        path.rename(data / "inbox" / path.name)
+    daemon = start_daemon(config)
+    url = base_url(daemon)
+    finished = daemon.wait_for("document.finished", count=3, timeout=300)
+    metrics = httpx.get(f"{url}/metrics").text
+    page = httpx.get(f"{url}/").text
+    assert daemon.stop() == 0
+
+    notes, report, drawing = (by(finished, f"{n}.pdf") for n in ("notes", "report", "drawing"))
+    assert notes["outcome"] == "done" and notes["text_layer_pages"] == [1, 2]
+    assert notes["pages_without_text"] == []
+    assert "Meeting notes, page 1" in (data / "outbox" / "notes.md").read_text()
+    assert report["outcome"] == "done" and report["pages_without_text"] == [2]
+    markdown = (data / "outbox" / "report.md").read_text()
+    assert "Quarterly report, second edition" in markdown
+    assert "<!-- ocrd: page 2 has content, but no text came from it: the engine read no text" \
+        in markdown
+    assert drawing["outcome"] == "failed" and drawing["stage"] == "recognise"
+    assert drawing["reason"].startswith("no text came from any page with content (page 1")
+    error = json.loads((data / "failed" / "drawing.error.json").read_text())
+    assert error["message"] == drawing["reason"]
+    assert metric(metrics, "ocrd_pages_without_text_total") == 2
+    assert "no text from page 2" in page
