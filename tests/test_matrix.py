@@ -44,11 +44,11 @@ from pairwise import pairwise
 from test_hooks import WebhookReceiver
 from test_http import base_url
 
-pytestmark = pytest.mark.slow
-
 TOKEN = "matrix-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FULL = os.environ.get("OCRD_MATRIX") == "full"
+# The first cell's test starts the daemon and waits for every cell's document.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(7200 if FULL else 900)]
 
 
 @dataclass(frozen=True)
