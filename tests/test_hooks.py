@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import write_config
 from helpers import make_pdf
-from separator_sheets import Sheet, stack_pdf
+from separator_sheets import LETTERS, LETTERS_PARTS, stack_pdf
 from test_http import base_url, metric
 
 from ocrd.config import InboxEntry
@@ -222,18 +222,6 @@ def test_webhooks_cut_off_by_a_stop_are_logged(tmp_path: Path, start_daemon) -> 
     assert "not delivered" in cancelled["reason"]
 
 
-# A batch of three letters with PATCH-T sheets between them (vector pages: quick to render).
-BATCH = [
-    Sheet("nearly_blank", "Letter one"),
-    Sheet("patch_t"),
-    Sheet("nearly_blank", "Letter two"),
-    Sheet("nearly_blank", "Letter two, its second page"),
-    Sheet("patch_t"),
-    Sheet("nearly_blank", "Letter three"),
-]
-BATCH_PARTS = [[1], [3, 4], [6]]
-
-
 def readme_block(language: str, containing: str) -> str:
     """The README's fenced `language` block that contains `containing`."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -259,7 +247,7 @@ def test_the_readme_paperless_hook_hands_over_every_part_of_a_split_batch(
     inbox = {"hooks": hooks, "outputs": ["markdown", "pdf"], "split_on": ["patch_t"]}
     config = write_config(tmp_path, inbox)
     daemon = start_daemon(config, env={"PAPERLESS_CONSUMPTION_DIR": str(consume)})
-    stack_pdf(BATCH, tmp_path / "batch.pdf").rename(tmp_path / "data" / "inbox" / "batch.pdf")
+    stack_pdf(LETTERS, tmp_path / "batch.pdf").rename(tmp_path / "data" / "inbox" / "batch.pdf")
     daemon.wait_for("hook.finished", count=3, timeout=180)
     assert daemon.stop() == 0
     outbox = tmp_path / "data" / "outbox"
@@ -286,7 +274,7 @@ def test_each_part_of_a_split_document_gets_its_own_hook_run_and_webhook_deliver
         inbox = {"hooks": hooks, "outputs": ["markdown", "pdf"], "split_on": ["patch_t"]}
         daemon = start_daemon(write_config(tmp_path, inbox))
         url = base_url(daemon)
-        stack_pdf(BATCH, tmp_path / "data" / "inbox" / "batch.pdf")
+        stack_pdf(LETTERS, tmp_path / "data" / "inbox" / "batch.pdf")
         daemon.wait_for("hook.finished", count=6, timeout=180)
         metrics = httpx.get(f"{url}/metrics").text
         assert daemon.stop() == 0
@@ -298,13 +286,13 @@ def test_each_part_of_a_split_document_gets_its_own_hook_run_and_webhook_deliver
     bodies = sorted((body for _, body in receiver.received), key=lambda b: b["part"]["number"])
     assert [facts["OCRD_PART"] for facts in runs] == ["1/3", "2/3", "3/3"]
     for number, (facts, body) in enumerate(zip(runs, bodies, strict=True), start=1):
-        pages = BATCH_PARTS[number - 1]
+        pages = LETTERS_PARTS[number - 1]
         assert facts["OCRD_MARKDOWN"] == body["markdown"] == str(outbox / f"batch-{number}.md")
         assert facts["OCRD_PDF"] == body["pdf"] == str(outbox / f"batch-{number}.pdf")
         assert facts["OCRD_PAGES"] == str(len(pages)) and body["pages"] == len(pages)
         assert facts["OCRD_ORIGINAL"] == body["original"] == str(done / "batch.pdf")
         assert body["part"] == {"number": number, "of": 3}
-        assert [part["pages"] for part in body["parts"]] == BATCH_PARTS
+        assert [part["pages"] for part in body["parts"]] == LETTERS_PARTS
         assert f"(part {number} of 3)" in body["text"]
         with pymupdf.open(facts["OCRD_PDF"]) as pdf:
             assert pdf.page_count == len(pages)

@@ -16,7 +16,7 @@ import pymupdf
 import pytest
 from conftest import claims_left, files_under, markdown_under, write_config
 from helpers import make_pdf
-from separator_sheets import Sheet, stack_folder, stack_pdf
+from separator_sheets import LETTERS, Sheet, stack_folder, stack_pdf
 from test_http import base_url, metric
 from test_uploads import AUTH, upload, uploading_daemon
 
@@ -132,17 +132,6 @@ def test_a_searchable_pdf_lands_beside_the_markdown_and_survives_a_kill(
     assert (rerendered / "phototest.md").read_text() == (
         data / "outbox" / "phototest.md"
     ).read_text()
-
-
-# Three letters with PATCH-T sheets between them (vector pages: quick to render).
-LETTERS = [
-    Sheet("nearly_blank", "Letter one"),
-    Sheet("patch_t"),
-    Sheet("nearly_blank", "Letter two"),
-    Sheet("nearly_blank", "Letter two, its second page"),
-    Sheet("patch_t"),
-    Sheet("nearly_blank", "Letter three"),
-]
 
 
 def assert_parts_listed_and_served(status: dict[str, Any], outbox: Path, stem: str) -> None:
