@@ -24,8 +24,6 @@ import asyncio
 import contextlib
 import functools
 import hmac
-import mimetypes
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -42,17 +40,13 @@ from ocrd.intake.uploads import Receiving, UploadRefused, Uploads, clean_filenam
 from ocrd.log import get_logger
 from ocrd.web import openapi
 from ocrd.web.documents import Documents, DocumentState, Found, Outputs, is_document_id
+from ocrd.web.served import MissingOutput, serve
 
 READ_BYTES = 256 * 1024  # read from the client at a time
 WRITE_BYTES = 1024 * 1024  # written to disk at a time, in a thread
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers beyond the file's bytes
 MAX_FIELD_BYTES = 4096  # a form field other than the file
 MAX_WAIT_SECONDS = 300.0
-CONTENT_TYPES = {
-    ".md": "text/markdown; charset=utf-8",
-    ".json": "application/json",
-    ".jsonl": "application/x-ndjson",
-}
 
 
 class PartLinks(BaseModel):
@@ -428,69 +422,13 @@ class DocumentsApi:
     async def _serve(
         self, request: web.Request, outputs: Outputs, *files: Sequence[str]
     ) -> web.StreamResponse:
-        """Output files, read in a thread a piece at a time; never through a link. Several
-        (the parts' Markdown of a split document) follow each other, each introduced by a
-        comment naming its part."""
-        opened: list[tuple[bytes, int, int]] = []  # (introduction, descriptor, size)
         try:
-            for number, parts in enumerate(files, start=1):
-                try:
-                    fd, size = await asyncio.to_thread(_opened, outputs, parts)
-                except OSError:
-                    return error(404, f"no file {'/'.join(parts)!r} among this document's outputs")
-                opened.append((_introduction(number, len(files), parts[-1]), fd, size))
-            name = files[0][-1] if len(files) == 1 else "markdown.md"
-            response = web.StreamResponse(
-                headers={
-                    "Content-Type": _content_type(name),
-                    "X-Content-Type-Options": "nosniff",
-                    "Content-Disposition": f"inline; filename*=UTF-8''{quote(printable(name))}",
-                }
-            )
-            response.content_length = sum(len(text) + size for text, _, size in opened)
-            response.force_close()
-            await response.prepare(request)
-            for text, fd, size in opened:
-                await response.write(text)
-                await _copy(fd, size, response)
-            await response.write_eof()
-            return response
-        finally:
-            for _, fd, _ in opened:
-                await asyncio.to_thread(os.close, fd)
+            return await serve(request, outputs, *files)
+        except MissingOutput as missing:
+            return error(404, f"no file {missing.name!r} among this document's outputs")
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(describe_api(self.config))
-
-
-def _introduction(number: int, count: int, name: str) -> bytes:
-    """What comes before a part's Markdown served with the others: nothing for a single
-    file; a comment naming the part (and a blank line after the part before)."""
-    if count == 1:
-        return b""
-    gap = b"\n\n" if number > 1 else b""
-    return gap + f"<!-- part {number} of {count}: {printable(name)} -->\n\n".encode()
-
-
-async def _copy(fd: int, size: int, response: web.StreamResponse) -> None:
-    """`size` bytes of `fd` to the response, a piece at a time, read in a thread."""
-    left = size
-    while left > 0:
-        chunk = await asyncio.to_thread(os.read, fd, min(READ_BYTES, left))
-        if not chunk:
-            break
-        await response.write(chunk)
-        left -= len(chunk)
-
-
-def _opened(outputs: Outputs, parts: Sequence[str]) -> tuple[int, int]:
-    fd = outputs.open(parts)
-    return fd, os.fstat(fd).st_size
-
-
-def _content_type(name: str) -> str:
-    suffix = name[name.rfind(".") :].lower() if "." in name else ""
-    return CONTENT_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
 def describe_api(config: HttpConfig) -> dict[str, Any]:
