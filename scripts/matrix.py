@@ -5,6 +5,7 @@ outputs and splitting, and in each cell the deliveries that gave what the README
 `ocrd check-config` refuses the configuration (with its reason).
 
     .venv/bin/python scripts/matrix.py [--keep JUNIT.xml] [pytest options]
+    .venv/bin/python scripts/matrix.py --report JUNIT.xml    (a run's table again)
 
 Exit status 0 when every cell passed or was refused as it should be. It runs
 tests/test_matrix.py with OCRD_MATRIX=full: one daemon, an inbox per configuration.
@@ -57,17 +58,36 @@ def table(results: dict[str, bool]) -> str:
                 marks += delivery[0] if passed else "-" if passed is False else "?"
             row.append(marks)
         rows.append(row)
+    rows.insert(1, ["---"] * len(header))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+    return "\n".join(  # a Markdown table, as BENCHMARKS.md keeps it
+        "| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |"
         for row in rows
     )
+
+
+def report(junit: Path) -> None:
+    """The table and the totals of a run's JUnit report."""
+    results = outcomes(junit)
+    refused = 0
+    for cell in results:
+        kind, _, split, _ = cell.split("|")
+        refused += refusal(kind, split) is not None
+    print(table(results))
+    print()
+    passed = sum(results.values())
+    print(f"{len(results)} cells: {passed} as the README says ({refused} of them refused by "
+          f"check-config), {len(results) - passed} not")  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", type=Path, help="keep pytest's JUnit XML report here")
+    parser.add_argument("--report", type=Path, help="only print the table of this JUnit report")
     options, pytest_options = parser.parse_known_args()
+    if options.report:
+        report(options.report)
+        return 0
     junit = options.keep or Path(tempfile.mkdtemp()) / "matrix.xml"
     started = time.monotonic()
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -78,17 +98,9 @@ def main() -> int:
     environment["PYTHONPATH"] = os.pathsep.join(paths)
     finished = subprocess.run(command, cwd=ROOT, env=environment, check=False)
     seconds = time.monotonic() - started
-    results = outcomes(junit)
-    refused = 0
-    for cell in results:
-        kind, _, split, _ = cell.split("|")
-        refused += refusal(kind, split) is not None
     print()
-    print(table(results))
-    print()
-    passed = sum(results.values())
-    print(f"{len(results)} cells: {passed} as the README says ({refused} of them refused by "
-          f"check-config), {len(results) - passed} not; {seconds:.0f} s")  # fmt: skip
+    report(junit)
+    print(f"{seconds:.0f} s")
     return finished.returncode
 
 
