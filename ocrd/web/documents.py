@@ -154,6 +154,12 @@ class Found:
     def name(self) -> str:
         return PurePath(self.path).name
 
+    def show(self, outputs: Outputs) -> None:
+        """Its outputs, and which of their files are present (part by part). Blocking."""
+        self.outputs = outputs
+        self.parts = outputs.present_by_part()
+        self.files = [name for part in self.parts for name in part]
+
     @property
     def settled(self) -> bool:
         return self.state in (DocumentState.done, DocumentState.failed)
@@ -271,9 +277,7 @@ def find_upload(inbox: InboxConfig, upload_id: str) -> Found | None:
         original = done[0] if done else None
         uploaded = original[1].st_mtime if original else claimed.uploaded if claimed else None
         result = found(DocumentState.done, original[0] if original else markdown, uploaded)
-        result.outputs = Outputs(inbox.outbox, where, part_names(markdown, written))
-        result.parts = result.outputs.present_by_part()
-        result.files = [name for part in result.parts for name in part]
+        result.show(Outputs(inbox.outbox, where, part_names(markdown, written)))
         with contextlib.suppress(OSError):
             with folder_beneath(inbox.outbox, where) as folder:
                 info = os.stat(markdown, dir_fd=folder, follow_symlinks=False)
@@ -419,9 +423,7 @@ def _from_memory(document_id: str, remembered: _Remembered) -> Found:
         parts = [Path(str(part["markdown"])).name for part in summary.parts]
         with contextlib.suppress(ValueError):
             folder = markdown.parent.relative_to(inbox.outbox).parts
-            found.outputs = Outputs(inbox.outbox, folder, tuple(parts) or (markdown.name,))
-            found.parts = found.outputs.present_by_part()
-            found.files = [name for part in found.parts for name in part]
+            found.show(Outputs(inbox.outbox, folder, tuple(parts) or (markdown.name,)))
     else:
         found.stage = summary.stage.value if summary.stage else None
         found.page, found.reason = summary.page, summary.reason
