@@ -6,10 +6,11 @@ rerender), so data flows one way and no step imports another only for its types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
+from typing import cast
 
 from PIL import Image
 
@@ -244,6 +245,8 @@ class PageResult:
     retried: bool = False
     source: PageSource = PageSource.engine
     separator: SeparatorMark | None = None  # with split_on: what detection found
+    # A page with content (ink, or a text layer) from which no text came: why, in words.
+    no_text: str | None = None
 
     @property
     def layout_blocks(self) -> list[Block]:
@@ -321,6 +324,11 @@ class DocumentResult:
     def blank_pages(self) -> list[int]:
         return [page.number for page in self.pages if page.source is PageSource.blank]
 
+    @property
+    def pages_without_text(self) -> list[int]:
+        """Pages with content (ink, or a text layer) from which no text came."""
+        return [page.number for page in self.pages if page.no_text is not None]
+
     def finish_reasons(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for page in self.pages:
@@ -345,6 +353,7 @@ class DocumentSummary:
     retried_pages: list[int] = field(default_factory=list)
     text_layer_pages: list[int] = field(default_factory=list)
     blank_pages: list[int] = field(default_factory=list)
+    pages_without_text: list[int] = field(default_factory=list)  # content, but no text
     original: str | None = None  # where the original went
     markdown: str | None = None  # the (first part's) Markdown
     pdf: str | None = None  # the (first part's) searchable PDF, where asked for
@@ -352,12 +361,32 @@ class DocumentSummary:
     parts: list[dict[str, object]] = field(default_factory=list)
     separators: list[dict[str, object]] = field(default_factory=list)
     renamed: str | None = None  # "safe" or "flat" where the target refused the name
+    # (k, n): what hooks are told of part k of n of a split document (`part_summaries`)
+    part: tuple[int, int] | None = None
     stage: Stage | None = None  # for failures
     page: int | None = None
     reason: str | None = None
     code: str | None = None  # a short reason for metrics
     error_report: str | None = None
     finished_at: float = 0.0  # wall-clock seconds
+
+    def part_summaries(self) -> list[DocumentSummary]:
+        """The document as hooks are told of it: itself, or each part of one split at
+        separator sheets as a document of its own (its Markdown, searchable PDF and pages;
+        the original and the rest shared)."""
+        if not self.parts:
+            return [self]
+        count = len(self.parts)
+        return [
+            replace(
+                self,
+                markdown=str(part["markdown"]),
+                pdf=str(part["pdf"]) if "pdf" in part else None,
+                pages=len(cast(list[int], part["pages"])),
+                part=(number, count),
+            )
+            for number, part in enumerate(self.parts, start=1)
+        ]
 
     @property
     def pages_per_second(self) -> float | None:
@@ -391,6 +420,7 @@ class DocumentSummary:
             "retried_pages": self.retried_pages,
             "text_layer_pages": self.text_layer_pages,
             "blank_pages": self.blank_pages,
+            "pages_without_text": self.pages_without_text,
             "markdown": self.markdown,
         }
         if self.pdf:

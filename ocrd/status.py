@@ -75,6 +75,7 @@ class FinishedDocument(BaseModel):
     reason: str | None = None
     error_report: str | None = None
     markdown: str | None = None
+    pages_without_text: list[int] = []  # pages with content from which no text came
 
     @classmethod
     def of(cls, summary: DocumentSummary) -> FinishedDocument:
@@ -90,6 +91,7 @@ class FinishedDocument(BaseModel):
             reason=printable(summary.reason) if summary.reason else None,
             error_report=printable(summary.error_report) if summary.error_report else None,
             markdown=printable(summary.markdown) if summary.markdown else None,
+            pages_without_text=summary.pages_without_text,
         )
 
 

@@ -6,6 +6,7 @@
 #   acl                getfacl: the inbox's default ACLs in tests/test_systemd.py
 #   poppler-utils      pdftotext and pdftoppm: what a searchable PDF shows other readers
 #   ghostscript        PDF/A-2b for archival searchable PDFs that pikepdf alone cannot make
+#   qpdf               qpdf --check: every output PDF opens cleanly in another reader
 #   systemd            253 or newer, for `systemd-analyze verify` of the unit's Type=notify-reload
 #                      (Debian 12 ships 252; its backports have 254)
 #   systemd-container  systemd-nspawn, which boots a real systemd for tests/test_systemd_boot.py
@@ -33,7 +34,7 @@ elif dpkg-query -W -f='${Version}' systemd 2>/dev/null | grep -q '~bpo'; then
 fi
 
 missing=()
-for package in fuse3 chromium acl poppler-utils ghostscript curl; do
+for package in fuse3 chromium acl poppler-utils ghostscript qpdf curl; do
   installed "$package" || missing+=("$package")
 done
 for package in systemd-container debootstrap; do

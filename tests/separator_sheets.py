@@ -310,3 +310,16 @@ def stack_folder(
                              dpi)  # fmt: skip
         written.append(path)
     return written
+
+
+# Three letters with PATCH-T sheets between them, vector pages (quick to render): a batch
+# that splits into three documents, pages 1, 3-4 and 6.
+LETTERS = [
+    Sheet("nearly_blank", "Letter one"),
+    Sheet("patch_t"),
+    Sheet("nearly_blank", "Letter two"),
+    Sheet("nearly_blank", "Letter two, its second page"),
+    Sheet("patch_t"),
+    Sheet("nearly_blank", "Letter three"),
+]
+LETTERS_PARTS = [[1], [3, 4], [6]]

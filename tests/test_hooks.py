@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import sys
 import threading
@@ -14,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pymupdf
 import pytest
+import yaml
 from conftest import write_config
 from helpers import make_pdf
+from separator_sheets import LETTERS, LETTERS_PARTS, stack_pdf
 from test_http import base_url, metric
 
 from ocrd.config import InboxEntry
@@ -216,3 +220,83 @@ def test_webhooks_cut_off_by_a_stop_are_logged(tmp_path: Path, start_daemon) -> 
     [cancelled] = daemon.find("hook.cancelled")
     assert cancelled["url"] == url and cancelled["path"] == "letter.pdf"
     assert "not delivered" in cancelled["reason"]
+
+
+def readme_block(language: str, containing: str) -> str:
+    """The README's fenced `language` block that contains `containing`."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(rf"```{language}\n(.*?)```", readme, re.S)
+    [block] = [b for b in blocks if containing in b]
+    return str(block)
+
+
+def test_the_readme_paperless_hook_hands_over_every_part_of_a_split_batch(
+    tmp_path: Path, start_daemon
+) -> None:
+    """The README's hook script and its `on_done`, as written (only the script's path and
+    the consume folder are this test's): each part's searchable PDF reaches the consume
+    folder, the same bytes as in the outbox."""
+    script = tmp_path / "ocrd-to-paperless"
+    script.write_text(readme_block("sh", "ocrd-to-paperless"))
+    script.chmod(0o755)
+    on_done = yaml.safe_load(readme_block("yaml", "ocrd-to-paperless"))["inboxes"][0]["hooks"]
+    assert on_done["on_done"]["command"] == ["/usr/local/bin/ocrd-to-paperless"]
+    hooks = {"on_done": {"command": [str(script)]}}
+    consume = tmp_path / "consume"
+    consume.mkdir()
+    inbox = {"hooks": hooks, "outputs": ["markdown", "pdf"], "split_on": ["patch_t"]}
+    config = write_config(tmp_path, inbox)
+    daemon = start_daemon(config, env={"PAPERLESS_CONSUMPTION_DIR": str(consume)})
+    stack_pdf(LETTERS, tmp_path / "batch.pdf").rename(tmp_path / "data" / "inbox" / "batch.pdf")
+    daemon.wait_for("hook.finished", count=3, timeout=180)
+    assert daemon.stop() == 0
+    outbox = tmp_path / "data" / "outbox"
+    names = [f"batch-{k}.pdf" for k in (1, 2, 3)]
+    assert sorted(p.name for p in consume.iterdir()) == names
+    for name in names:
+        assert (consume / name).read_bytes() == (outbox / name).read_bytes()
+    assert sorted(e["part"] for e in daemon.find("hook.finished")) == ["1/3", "2/3", "3/3"]
+
+
+def test_each_part_of_a_split_document_gets_its_own_hook_run_and_webhook_delivery(
+    tmp_path: Path, start_daemon
+) -> None:
+    record = tmp_path / "hook-record.jsonl"
+    script = (
+        "import json, os\n"
+        "facts = {k: v for k, v in os.environ.items() if k.startswith('OCRD_')}\n"
+        f"open({str(record)!r}, 'a').write(json.dumps(facts) + '\\n')\n"
+    )
+    receiver = WebhookReceiver(failures=0)
+    try:
+        hooks = {"on_done": {"command": [sys.executable, "-c", script],
+                             "webhook": {"url": receiver.url}}}  # fmt: skip
+        inbox = {"hooks": hooks, "outputs": ["markdown", "pdf"], "split_on": ["patch_t"]}
+        daemon = start_daemon(write_config(tmp_path, inbox))
+        url = base_url(daemon)
+        stack_pdf(LETTERS, tmp_path / "data" / "inbox" / "batch.pdf")
+        daemon.wait_for("hook.finished", count=6, timeout=180)
+        metrics = httpx.get(f"{url}/metrics").text
+        assert daemon.stop() == 0
+    finally:
+        receiver.close()
+    outbox, done = tmp_path / "data" / "outbox", tmp_path / "data" / "done"
+    runs = sorted((json.loads(line) for line in record.read_text().splitlines()),
+                  key=lambda facts: facts["OCRD_PART"])  # fmt: skip
+    bodies = sorted((body for _, body in receiver.received), key=lambda b: b["part"]["number"])
+    assert [facts["OCRD_PART"] for facts in runs] == ["1/3", "2/3", "3/3"]
+    for number, (facts, body) in enumerate(zip(runs, bodies, strict=True), start=1):
+        pages = LETTERS_PARTS[number - 1]
+        assert facts["OCRD_MARKDOWN"] == body["markdown"] == str(outbox / f"batch-{number}.md")
+        assert facts["OCRD_PDF"] == body["pdf"] == str(outbox / f"batch-{number}.pdf")
+        assert facts["OCRD_PAGES"] == str(len(pages)) and body["pages"] == len(pages)
+        assert facts["OCRD_ORIGINAL"] == body["original"] == str(done / "batch.pdf")
+        assert body["part"] == {"number": number, "of": 3}
+        assert [part["pages"] for part in body["parts"]] == LETTERS_PARTS
+        assert f"(part {number} of 3)" in body["text"]
+        with pymupdf.open(facts["OCRD_PDF"]) as pdf:
+            assert pdf.page_count == len(pages)
+    assert len({facts["OCRD_DOCUMENT_ID"] for facts in runs}) == 1
+    for kind in ("command", "webhook"):
+        assert metric(metrics, "ocrd_hook_runs_total", event="on_done", kind=kind,
+                      result="ok") == 3  # fmt: skip

@@ -9,12 +9,16 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pymupdf
 import pytest
 from conftest import claims_left, files_under, markdown_under, write_config
 from helpers import make_pdf
-from separator_sheets import Sheet, stack_folder, stack_pdf
+from separator_sheets import LETTERS, Sheet, stack_folder, stack_pdf
+from test_http import base_url, metric
+from test_uploads import AUTH, upload, uploading_daemon
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +132,125 @@ def test_a_searchable_pdf_lands_beside_the_markdown_and_survives_a_kill(
     assert (rerendered / "phototest.md").read_text() == (
         data / "outbox" / "phototest.md"
     ).read_text()
+
+
+def assert_parts_listed_and_served(status: dict[str, Any], outbox: Path, stem: str) -> None:
+    """The API's answer for a document split into three parts: each part with its files,
+    each file as it is in the outbox, and `/markdown` every part's in order."""
+    assert status["state"] == "done"
+    parts = status["links"]["parts"]
+    assert [Path(part["markdown"]).name for part in parts] == [f"{stem}-{k}.md" for k in (1, 2, 3)]
+    for number, part in enumerate(parts, start=1):
+        own = [name for name in files_under(outbox) if name.startswith(f"{stem}-{number}.")]
+        assert sorted(part["files"]) == own
+        expected = {f"{stem}-{number}{suffix}" for suffix in (".md", ".pdf", ".layout.json")}
+        assert expected <= set(own)
+        for name, url in part["files"].items():
+            answer = httpx.get(url, headers=AUTH, timeout=30)
+            assert answer.status_code == 200, (name, answer.text)
+            assert answer.content == (outbox / name).read_bytes(), name
+        assert (
+            status["links"]["files"][f"{stem}-{number}.pdf"]
+            == part["files"][f"{stem}-{number}.pdf"]
+        )
+    joined = httpx.get(status["links"]["markdown"], headers=AUTH, timeout=30)
+    assert joined.status_code == 200 and joined.headers["Content-Type"].startswith("text/markdown")
+    expected = "\n\n".join(
+        f"<!-- part {k} of 3: {stem}-{k}.md -->\n\n" + (outbox / f"{stem}-{k}.md").read_text()
+        for k in (1, 2, 3)
+    )
+    assert joined.text == expected
+
+
+def test_a_split_upload_lists_every_part_with_its_files_and_serves_them(
+    tmp_path: Path, start_daemon
+) -> None:
+    """An upload cut at separator sheets, and a dropped batch found by its claim id: each
+    part is listed with its Markdown, searchable PDF and layout file, all served; so is an
+    upload's searchable PDF; after a restart (memory gone) the upload's answer is the same,
+    read from the files."""
+    inbox = {"outputs": ["markdown", "pdf"], "split_on": ["patch_t"], "layout_file": True}
+    daemon, url = uploading_daemon(tmp_path, start_daemon, inbox=inbox)
+    batch = stack_pdf(LETTERS, tmp_path / "batch.pdf")
+    split = upload(url, batch).json()
+    whole = upload(url, make_pdf(tmp_path / "scan.pdf", 2)).json()
+    stack_pdf(LETTERS, tmp_path / "data" / "inbox" / "dropped.pdf")
+    outbox = tmp_path / "data" / "outbox"
+    for accepted in (split, whole):
+        httpx.get(f"{accepted['status_url']}?wait=120", headers=AUTH, timeout=130)
+    [dropped] = daemon.wait_for("document.finished", path="dropped.pdf", timeout=120)
+
+    status = httpx.get(split["status_url"], headers=AUTH).json()
+    assert_parts_listed_and_served(status, outbox / "uploads" / split["id"], "batch")
+    by_claim = httpx.get(f"{url}/api/documents/{dropped['doc']}", headers=AUTH).json()
+    assert_parts_listed_and_served(by_claim, outbox, "dropped")
+    single = httpx.get(whole["status_url"], headers=AUTH).json()
+    assert single["links"]["parts"] == [] and "scan.pdf" in single["links"]["files"]
+    pdf = httpx.get(single["links"]["files"]["scan.pdf"], headers=AUTH)
+    assert pdf.headers["Content-Type"] == "application/pdf"
+    assert pdf.content == (outbox / "uploads" / whole["id"] / "scan.pdf").read_bytes()
+    assert daemon.stop() == 0
+
+    again, new_url = uploading_daemon(tmp_path, start_daemon, inbox=inbox)
+    after = httpx.get(f"{new_url}/api/documents/{split['id']}", headers=AUTH).json()
+    assert json.dumps(after["links"]) == json.dumps(status["links"]).replace(url, new_url)
+    assert again.stop() == 0
+
+
+def shapes(page: pymupdf.Page) -> None:
+    """Ink without a letter: circles and a bar, as a chart or a drawing would be."""
+    for index in range(8):
+        page.draw_circle((150 + index * 40, 300 + (index % 3) * 60), 30 + index * 3,
+                         color=(0.2, 0.3, 0.6), fill=(0.5, 0.7, 0.9))  # fmt: skip
+    page.draw_rect(pymupdf.Rect(80, 500, 520, 700), color=(0, 0, 0), fill=(0.9, 0.6, 0.2))
+
+
+def short_lines_and_shapes(folder: Path) -> dict[str, Path]:
+    """A letter whose pages each carry one short line of real 16 pt text; a report whose
+    second page is a drawing without a word; a document that is nothing but a drawing."""
+    made = {}
+    for name, pages in (("notes", ["Meeting notes, page 1", "Meeting notes, page 2"]),
+                        ("report", ["Quarterly report, second edition", None]),
+                        ("drawing", [None])):  # fmt: skip
+        doc = pymupdf.open()
+        for line in pages:
+            page = doc.new_page(width=595, height=842)
+            if line is None:
+                shapes(page)
+            else:
+                page.insert_text((72, 100), line, fontsize=16)
+        doc.save(folder / f"{name}.pdf")
+        made[name] = folder / f"{name}.pdf"
+    return made
+
+
+def test_no_page_with_content_is_silently_empty(tmp_path: Path, start_daemon) -> None:
+    """One short line of text is taken from the text layer, not refused; a page with ink
+    but no text is named in the Markdown, the summary, the metrics and the status page; a
+    document from which no text came at all fails, saying so (RapidOCR reads the pixels)."""
+    config = write_config(tmp_path, {"outputs": ["markdown", "pdf"]}, engine={"kind": "rapidocr"})
+    data = tmp_path / "data"
+    for path in short_lines_and_shapes(tmp_path).values():
+        path.rename(data / "inbox" / path.name)
+    daemon = start_daemon(config)
+    url = base_url(daemon)
+    finished = daemon.wait_for("document.finished", count=3, timeout=300)
+    metrics = httpx.get(f"{url}/metrics").text
+    page = httpx.get(f"{url}/").text
+    assert daemon.stop() == 0
+
+    notes, report, drawing = (by(finished, f"{n}.pdf") for n in ("notes", "report", "drawing"))
+    assert notes["outcome"] == "done" and notes["text_layer_pages"] == [1, 2]
+    assert notes["pages_without_text"] == []
+    assert "Meeting notes, page 1" in (data / "outbox" / "notes.md").read_text()
+    assert report["outcome"] == "done" and report["pages_without_text"] == [2]
+    markdown = (data / "outbox" / "report.md").read_text()
+    assert "Quarterly report, second edition" in markdown
+    assert "<!-- ocrd: page 2 has content, but no text came from it: the engine read no text" \
+        in markdown
+    assert drawing["outcome"] == "failed" and drawing["stage"] == "recognise"
+    assert drawing["reason"].startswith("no text came from any page with content (page 1")
+    error = json.loads((data / "failed" / "drawing.error.json").read_text())
+    assert error["message"] == drawing["reason"]
+    assert metric(metrics, "ocrd_pages_without_text_total") == 2
+    assert "no text from page 2" in page

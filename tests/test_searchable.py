@@ -16,14 +16,16 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pikepdf
 import pymupdf
 import pytest
+from helpers import pdf_problems, with_broken_xref, without_trailer
 from PIL import Image
+from separator_sheets import Sheet, stack_pdf
 
 from ocrd.config import DocumentOptions, PipelineConfig, PromptMode, RapidOcrConfig
 from ocrd.documents.pipeline import Pipeline
@@ -584,6 +586,165 @@ def test_a_damaged_pdf_that_needs_repair_is_saved_whole_with_its_layer(
     assert result.layered_pages == [1] and not result.incremental
     assert "recognised words here" in pdftotext(target, 1)
     assert render(target, 1) == render(source, 1)
+
+
+def one_line_pages(pdf: Path, password: str = "") -> list[PageResult]:
+    """A page result for each page of `pdf` whose engine read one line, 'words on page N'
+    (where the page shows it does not matter here)."""
+    doc = pymupdf.open(pdf)
+    doc.authenticate(password)
+    answers = [
+        f"<|ref|>text<|/ref|><|det|>[[100, 100, 900, 140]]<|/det|>\nwords on page {n}"
+        for n in range(1, doc.page_count + 1)
+    ]
+    return [
+        assemble_page(
+            PageInfo(n, (600, 800), page.rect.width, page.rect.height),
+            PageText(answer, "stop"),
+            PromptMode.layout,
+        )
+        for n, (page, answer) in enumerate(zip(doc, answers, strict=True), start=1)
+    ]
+
+
+OWNER_PASSWORD = "owner-secret"
+
+
+@pytest.mark.parametrize("protection", ["plain", "owner password"])
+@pytest.mark.parametrize("archive", [False, True], ids=["pdf", "pdf_archive"])
+def test_each_part_of_a_split_pdf_is_made_of_its_own_pages(
+    tmp_path: Path, protection: str, archive: bool
+) -> None:
+    """A batch of five pages cut at a PATCH-T sheet (page 3): each part's PDF holds that
+    part's pages, looking as they did, with that part's text; an owner password (which
+    readers open without) does not stand in the way."""
+    batch = stack_pdf(
+        [
+            Sheet("scan", "phototest.tif"),
+            Sheet("pdf", "ocrmypdf__linn.pdf"),
+            Sheet("patch_t"),
+            Sheet("scan", "eurotext.tif"),
+            Sheet("scan", "8087_054.3B.tif"),
+        ],
+        tmp_path / "batch.pdf",
+    )
+    if protection == "owner password":
+        with pymupdf.open(tmp_path / "batch.pdf") as doc:
+            doc.save(
+                tmp_path / "owner.pdf",
+                encryption=pymupdf.PDF_ENCRYPT_AES_256,
+                owner_pw=OWNER_PASSWORD,
+                user_pw="",
+                permissions=pymupdf.PDF_PERM_PRINT,
+            )
+        batch = tmp_path / "owner.pdf"
+    pages = one_line_pages(batch)
+    for index, part in enumerate(([1, 2], [4, 5]), start=1):
+        target = tmp_path / f"batch-{index}.pdf"
+        result = write_searchable_pdf(
+            [(batch, InputFormat.pdf)],
+            [(0, n) for n in part],
+            [pages[n - 1] for n in part],
+            target,
+            archive=archive,
+        )
+        assert result.pages == 2 and result.layered_pages == [1, 2] and not result.incremental
+        assert pdf_problems(target) == []
+        out = pymupdf.open(target)
+        assert out.page_count == 2
+        for number, original in enumerate(part, start=1):
+            assert pdf_words(target, number) == ["words", "on", "page", str(original)]
+            assert render(out, number) == render(opened(batch), original)
+        if archive:
+            assert_pdfa_2b(target)
+
+
+def damaged_originals(corpus: Path, folder: Path) -> dict[str, Path]:
+    """Real PDFs damaged as transfers and careless tools leave them, and damaged files of
+    the corpus that still open."""
+    real, hostile = corpus / "real", corpus / "hostile"
+    return {
+        "no trailer": without_trailer(real / "ocrmypdf__cardinal.pdf", folder / "a.pdf"),
+        "broken xref": with_broken_xref(
+            real / "sample-files__google-doc-document.pdf", folder / "b.pdf"
+        ),
+        **{
+            name: hostile / f"{name}.pdf"
+            for name in (
+                "qpdf__bad-xref-entry",
+                "qpdf__bad12",
+                "qpdf__bad-data",
+                "qpdf__bad2",
+                "pdf-js__helloworld-bad",
+                "pdf-js__multiple-filters-length-zero",
+                "pdf-js__PDFBOX-3148-2-fuzzed",
+                "qpdf__damaged-stream",
+            )
+        },
+    }
+
+
+# Its image's stream has a wrong length: MuPDF reading the original stops short of the
+# image's end (a grey band), the rewrite holds the whole stream and shows all of it.
+SHOWS_MORE_REWRITTEN = {"pdf-js__multiple-filters-length-zero"}
+# Sound but for an image's data, which is what the page shows: kept as it is.
+IMAGE_DATA_DAMAGED = {"qpdf__damaged-stream"}
+
+
+@pytest.mark.parametrize("layer", [True, False], ids=["with a layer", "no page layered"])
+def test_a_damaged_pdf_is_rewritten_and_opens_cleanly_in_every_reader(
+    corpus: Path, tmp_path: Path, layer: bool
+) -> None:
+    """Whether or not a page gets a layer, a damaged original is never copied as it is: what
+    comes out passes `qpdf --check` (damage inside an image's data, which the page shows
+    as it is, aside) and opens in pikepdf without repair, and its pages look as MuPDF
+    shows the original's."""
+    for name, source in damaged_originals(corpus, tmp_path).items():
+        pages = one_line_pages(source)
+        if not layer:  # pages read from their own text layer: nothing to add
+            pages = [replace(page, source=PageSource.text_layer) for page in pages]
+        target = tmp_path / f"{name}.pdf"
+        order = [(0, n) for n in range(1, len(pages) + 1)]
+        result = write_searchable_pdf([(source, InputFormat.pdf)], order, pages, target)
+        assert pdf_problems(target) == [], name
+        if name in IMAGE_DATA_DAMAGED:  # the page as it is: updated like a sound file
+            assert result.incremental, name
+        else:
+            assert not result.incremental and target.read_bytes() != source.read_bytes(), name
+        for number in range(1, len(pages) + 1):
+            if name in SHOWS_MORE_REWRITTEN:
+                continue
+            assert render(target, number) == render(source, number), f"{name}, page {number}"
+        if layer:  # every page that has no text of its own
+            every = sorted(result.layered_pages + result.own_text_pages)
+            assert every == list(range(1, len(pages) + 1)), name
+            for number in result.layered_pages:
+                words = " ".join(pdf_words(target, number))
+                assert f"words on page {number}" in words, (name, words)
+
+
+@pytest.mark.parametrize("user_password", ["", PASSWORD], ids=["owner password", "user password"])
+def test_a_damaged_encrypted_pdf_is_rewritten_and_stays_encrypted(
+    corpus: Path, tmp_path: Path, user_password: str
+) -> None:
+    """A rewrite keeps the original's protection: the same password opens it, with the same
+    permissions."""
+    with pymupdf.open(corpus / "real" / "ocrmypdf__cardinal.pdf") as doc:
+        doc.save(tmp_path / "sound.pdf", encryption=pymupdf.PDF_ENCRYPT_AES_256,
+                 owner_pw=OWNER_PASSWORD, user_pw=user_password,
+                 permissions=pymupdf.PDF_PERM_PRINT | pymupdf.PDF_PERM_COPY)  # fmt: skip
+    source = with_broken_xref(tmp_path / "sound.pdf", tmp_path / "damaged.pdf")
+    pages = one_line_pages(source, user_password)
+    target = tmp_path / "out.pdf"
+    order = [(0, n) for n in range(1, len(pages) + 1)]
+    result = write_searchable_pdf([(source, InputFormat.pdf)], order, pages, target,
+                                  passwords=[PASSWORD])  # fmt: skip
+    assert not result.incremental and pdf_problems(target, user_password) == []
+    before, after = pymupdf.open(tmp_path / "sound.pdf"), pymupdf.open(target)
+    assert after.needs_pass == bool(user_password)
+    assert after.authenticate(user_password) and before.authenticate(user_password)
+    assert after.metadata["encryption"] and after.permissions == before.permissions
+    assert "words on page 2" in after[1].get_text()
 
 
 @pytest.mark.parametrize("rotation", [0, 90, 180, 270])

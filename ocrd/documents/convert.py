@@ -170,6 +170,7 @@ async def convert_files(
             pages=len(result.pages),
             seconds=round(result.seconds, 3),
             finish_reasons=result.finish_reasons(),
+            pages_without_text=result.pages_without_text,
             markdown=[str(m) for m in written] if len(written) > 1 else str(written[0]),
         )
         return True

@@ -306,6 +306,7 @@ class DocumentRunner:
         summary.retried_pages = result.retried_pages
         summary.text_layer_pages = result.text_layer_pages
         summary.blank_pages = result.blank_pages
+        summary.pages_without_text = result.pages_without_text
         summary.markdown = settlement.markdown
         markdowns = settlement.markdowns()
         pdfs = [OutputFiles(m).pdf for m in markdowns] if result.pdfs else []

@@ -96,6 +96,23 @@ def unfinished(result: DocumentResult) -> DocumentFailed:
     )
 
 
+def no_text(result: DocumentResult) -> DocumentFailed:
+    """Pages with content, and not one of them gave any text: a document written as
+    nothing but empty pages would be an empty 'done'."""
+    pages = result.pages_without_text
+    why = {page.no_text for page in result.pages if page.no_text is not None}
+    return DocumentFailed(
+        Stage.recognise,
+        f"no text came from any page with content (page {', '.join(map(str, pages))}: "
+        f"{'; '.join(sorted(why))}); for a scan, check that it is legible at the inbox's dpi "
+        "and that the engine reads its language; a picture without text is no document to "
+        "convert",
+        pages[0],
+        "NoText",
+        code="no_text",
+    )
+
+
 def job_kept_changing(times: int) -> DocumentFailed:
     return DocumentFailed(
         Stage.detect,

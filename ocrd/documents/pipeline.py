@@ -50,8 +50,11 @@ from ocrd.output.page import (
     figure_regions,
     separator_page,
     text_layer_page,
+    without_text,
+    yields_nothing,
 )
 from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile
+from ocrd.render.analysis import NO_TEXT_LAYER
 from ocrd.render.protocol import WriteSearchablePdf
 from ocrd.render.separators import SeparatorRules, split_pages
 
@@ -156,6 +159,8 @@ class Pipeline:
             result = DocumentResult(inputs[0].format, done, time.monotonic() - started, split)
             if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
                 raise failures.unfinished(result)
+            if nothing_read(result):
+                raise failures.no_text(result)
             if OutputKind.pdf in settings.outputs:
                 pdfs = searchable_pdfs(self.renderers, result, inputs, refs, settings, scratch)
                 result.pdfs = await pdfs
@@ -244,14 +249,14 @@ class Pipeline:
             # text layer (the text under its barcode), and it must never reach the output.
             looked = await self._render(ref, number, run.separators) if run.separators else None
             mark = looked.separator if looked is not None else None
-            result = None
+            result, refused, blank = None, None, False
             if looked is not None and mark is not None and mark.separates:
                 result = separator_page(looked.info, run.settings.prompt, mark)
             if result is None:
-                result = await self._from_text_layer(run, ref, number)
+                result, refused = await self._from_text_layer(run, ref, number)
             if result is None:
                 page = looked or await self._render(ref, number)
-                looked = None
+                looked, blank = None, page.blank
                 if page.blank and run.settings.blank_pages is not BlankPages.keep:
                     result = blank_page(page.info, run.settings.prompt)
                     self.renderers.discard(page)
@@ -261,6 +266,11 @@ class Pipeline:
                     rendered = [page]
                     del page
                     result = await self._recognise(rendered, ref, run)
+            # Ink, or a text layer: content, from which some text must come, or the
+            # document says which page gave none, and why.
+            content = result.source is PageSource.engine and not blank
+            if (content or refused) and yields_nothing(result):
+                result.no_text = without_text(result, refused)
             result.separator = mark
             if run.figures is not None and result.source is PageSource.engine:
                 dpi = run.settings.figure_resolution
@@ -294,17 +304,20 @@ class Pipeline:
             callback(result)
         return result
 
-    async def _from_text_layer(self, run: _Run, ref: PageRef, number: int) -> PageResult | None:
-        """The page from its PDF text layer, where the inbox prefers that and it is good."""
+    async def _from_text_layer(
+        self, run: _Run, ref: PageRef, number: int
+    ) -> tuple[PageResult | None, str | None]:
+        """The page from its PDF text layer, where the inbox prefers that and it is good;
+        otherwise why a layer with text in it was not used (None: no layer to speak of)."""
         if run.settings.pdf_text is not PdfText.prefer or ref.source.format is not InputFormat.pdf:
-            return None
+            return None, None
         layer = await self.renderers.text_layer(
             ref.source, ref.number, running_lines=not run.settings.strip_headers_footers
         )
         if not layer.usable:
             run.log.debug("page.text_layer_refused", page=number, reason=layer.reason)
-            return None
-        return text_layer_page(number, layer, run.settings.prompt)
+            return None, None if layer.reason == NO_TEXT_LAYER else layer.reason
+        return text_layer_page(number, layer, run.settings.prompt), None
 
     async def _open(self, source: SourceFile, one_of_several: bool) -> int:
         """A file's page count; of a scan job's files, a failure names the file."""
@@ -418,6 +431,13 @@ async def searchable_pdfs(
         await renderers.searchable_pdf(request, seconds)
         made.append(target)
     return tuple(made)
+
+
+def nothing_read(result: DocumentResult) -> bool:
+    """Whether pages with content gave no text, and no page gave any."""
+    read = (page for page in result.pages
+            if page.source in (PageSource.engine, PageSource.text_layer))  # fmt: skip
+    return bool(result.pages_without_text) and all(yields_nothing(page) for page in read)
 
 
 def split_document(

@@ -9,6 +9,8 @@ fit the environment), a time limit after which the whole group is killed, and th
 its output logged (read as it comes: a flood costs no memory). A webhook gets the summary
 as a JSON POST (with a `text` line for chat services), retried with backoff, with an
 optional secret header. Hooks still running when ocrd stops are cancelled and logged.
+A document split at separator sheets is told part by part, each part as a document of its
+own (its files, `OCRD_PART`), so whatever a hook hands on gets every part.
 """
 
 from __future__ import annotations
@@ -52,11 +54,16 @@ def payload(summary: DocumentSummary) -> dict[str, Any]:
         **summary.event(),
     }
     data["outcome"] = summary.outcome.value
+    what = summary.path
+    if summary.part is not None:
+        number, count = summary.part
+        data["part"] = {"number": number, "of": count}
+        what = f"{summary.path} (part {number} of {count})"
     data = _printable(data)  # paths in any encoding, as JSON can carry them
     if summary.outcome is Outcome.done:
         data["text"] = (
-            f"ocrd: {summary.path} is done: {summary.pages} pages in {summary.seconds:.1f} s"
-            f" ({data['markdown']})"
+            f"ocrd: {printable(what)} is done: {summary.pages} pages in "
+            f"{summary.seconds:.1f} s ({data['markdown']})"
         )
     else:
         data["text"] = f"ocrd: {summary.path} failed: {summary.reason}"
@@ -85,6 +92,7 @@ def environment(summary: DocumentSummary, summary_file: Path) -> dict[str, str]:
         "OCRD_ORIGINAL": summary.original or "",
         "OCRD_MARKDOWN": summary.markdown or "",
         "OCRD_PDF": summary.pdf or "",
+        "OCRD_PART": "{}/{}".format(*(summary.part or (1, 1))),
         "OCRD_ERROR_REPORT": summary.error_report or "",
         "OCRD_REASON": summary.reason or "",
         "OCRD_PAGES": str(summary.pages),
@@ -94,6 +102,12 @@ def environment(summary: DocumentSummary, summary_file: Path) -> dict[str, str]:
     if len(text.encode()) <= SUMMARY_IN_ENVIRONMENT:
         values["OCRD_SUMMARY"] = text
     return {**os.environ, **values}
+
+
+def _logger(summary: DocumentSummary, event: str, kind: str) -> Any:
+    """The log of one hook run: the document's, and which part it was told of."""
+    part = {"part": "{}/{}".format(*summary.part)} if summary.part else {}
+    return get_logger(doc=summary.doc, path=summary.path, hook=event, kind=kind, **part)
 
 
 def _write_summary(summary: DocumentSummary) -> Path:
@@ -146,10 +160,11 @@ class Hooks:
         if hook is None:
             return
         event = f"on_{summary.outcome.value}"
-        if hook.command:
-            self._start(self._run_command(hook, event, summary))
-        if hook.webhook is not None:
-            self._start(self._post(hook.webhook, event, summary))
+        for told in summary.part_summaries():  # each part of a split document on its own
+            if hook.command:
+                self._start(self._run_command(hook, event, told))
+            if hook.webhook is not None:
+                self._start(self._post(hook.webhook, event, told))
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(self._in_turn(work))
@@ -165,7 +180,7 @@ class Hooks:
 
     async def _run_command(self, hook: HookConfig, event: str, summary: DocumentSummary) -> None:
         assert hook.command is not None
-        log = get_logger(doc=summary.doc, path=summary.path, hook=event, kind="command")
+        log = _logger(summary, event, "command")
         try:
             summary_file = await asyncio.to_thread(_write_summary, summary)
         except OSError as error:
@@ -230,7 +245,7 @@ class Hooks:
             self._count(event, "command", "error")
 
     async def _post(self, webhook: WebhookConfig, event: str, summary: DocumentSummary) -> None:
-        log = get_logger(doc=summary.doc, path=summary.path, hook=event, kind="webhook")
+        log = _logger(summary, event, "webhook")
         headers = {}
         if webhook.secret_env and os.environ.get(webhook.secret_env):
             headers[webhook.secret_header] = os.environ[webhook.secret_env]

@@ -23,7 +23,7 @@ from ocrd.domain import (
     TextLayer,
 )
 from ocrd.text.grounding import Block, Box, parse_page
-from ocrd.text.markdown import looks_repetitive
+from ocrd.text.markdown import looks_repetitive, page_markdown
 
 MIN_FIGURE_SIDE_PX = 16  # smaller boxes (on the engine's image) are noise or degenerate
 
@@ -98,6 +98,19 @@ def text_layer_page(number: int, layer: TextLayer, prompt: PromptMode) -> PageRe
     )
 
 
+def yields_nothing(page: PageResult) -> bool:
+    """Whether the page gave nothing to write: no text, and no figure."""
+    figures = {index: "figure" for index, block in enumerate(page.blocks) if block.label == "image"}
+    return not page_markdown(page.blocks, "html", figures)
+
+
+def without_text(page: PageResult, layer_refused: str | None) -> str:
+    """Why a page with content gave no text, for the Markdown and the summary."""
+    why = "the engine read no text on it" if page.source is PageSource.engine else (
+        "it looks blank at the engine's resolution")  # fmt: skip
+    return why + (f", and its text layer was not used ({layer_refused})" if layer_refused else "")
+
+
 def better(first: PageText, second: PageText) -> PageText:
     """The more useful of two attempts at one page: finished beats unfinished, then the one
     with more distinct words (a loop repeats few)."""
@@ -123,6 +136,8 @@ def page_record(page: PageResult) -> dict[str, Any]:
     }
     if page.separator is not None:
         record["separator"] = page.separator.record()
+    if page.no_text is not None:
+        record["no_text"] = page.no_text
     if page.text.blocks is not None:
         record["blocks"] = [
             {
@@ -144,11 +159,12 @@ class RawPage:
     retried: bool
     source: PageSource
     separator: SeparatorMark | None = None
+    no_text: str | None = None
 
     def result(self, page: PageInfo) -> PageResult:
         """The page assembled again from its raw line, on the page as rendered."""
         result = assemble_page(page, self.text, self.prompt, self.retried, self.source)
-        result.separator = self.separator
+        result.separator, result.no_text = self.separator, self.no_text
         return result
 
 
@@ -172,7 +188,9 @@ def text_from_record(record: dict[str, Any]) -> RawPage:
     source = PageSource(record.get("source", PageSource.engine.value))
     mark = record.get("separator")
     separator = SeparatorMark.of_record(mark) if mark is not None else None
-    return RawPage(text, prompt, bool(record.get("retried", False)), source, separator)
+    no_text = record.get("no_text")
+    return RawPage(text, prompt, bool(record.get("retried", False)), source, separator,
+                   None if no_text is None else str(no_text))  # fmt: skip
 
 
 def _figure_record(figure: Figure) -> dict[str, Any]:
@@ -237,6 +255,7 @@ class PageJournal:
                     retried=raw.retried,
                     source=raw.source,
                     separator=raw.separator,
+                    no_text=raw.no_text,
                 )
             except (ValueError, KeyError, TypeError):
                 continue

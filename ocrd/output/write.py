@@ -36,6 +36,7 @@ from ocrd.text.grounding import Block
 from ocrd.text.markdown import join_pages, page_markdown, scrub_tags, strip_running_lines
 
 BLANK_MARKER = "*(blank page)*"
+NO_TEXT_MARKER = "<!-- ocrd: page {page} has content, but no text came from it: {reason} -->"
 UNFINISHED_MARKER = (
     "> **ocrd:** page {page} is incomplete: the engine stopped it before its end "
     "(finish reason: {reason})."
@@ -135,6 +136,9 @@ def render_markdown(result: DocumentResult, settings: DocumentOptions, assets: s
     if settings.strip_headers_footers:
         pages = strip_running_lines(pages)
     for index, page in enumerate(result.pages):
+        if page.no_text is not None:  # said where the text would be (never "--" inside)
+            reason = page.no_text.replace("--", "- -")
+            pages[index] = NO_TEXT_MARKER.format(page=page.number, reason=reason)
         if page.unfinished:
             marker = UNFINISHED_MARKER.format(page=page.number, reason=page.finish_reason)
             pages[index] = f"{pages[index]}\n\n{marker}".strip()
@@ -172,6 +176,7 @@ def _page_layout(page: PageResult, assets: str) -> dict[str, Any]:
         "blank": page.source is PageSource.blank,
         "finish_reason": page.finish_reason,
         "unfinished": page.unfinished,
+        "no_text": page.no_text,
         "retried": page.retried,
         "prompt_tokens": page.text.prompt_tokens,
         "completion_tokens": page.text.completion_tokens,
@@ -189,6 +194,7 @@ def layout_document(result: DocumentResult, source: str, assets: str) -> dict[st
         "unfinished_pages": result.unfinished_pages,
         "text_layer_pages": result.text_layer_pages,
         "blank_pages": result.blank_pages,
+        "pages_without_text": result.pages_without_text,
     }
     if result.split is not None:  # where the document was cut, and which part this is
         layout["split"] = {"part": (result.part or 0) + 1, "of": len(result.split.parts),

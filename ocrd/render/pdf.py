@@ -123,9 +123,10 @@ class PdfSource:
             for x0, y0, x1, y1, text, _, kind in page.get_text("blocks")
             if kind == 0 and text.strip()
         )  # fmt: skip
-        return TextLayer(
-            True, reason, markdown.strip(), blocks, image_size, (rect.width, rect.height)
-        )
+        # A layout model may take a page's only line for a running header and leave it out:
+        # the page's own text is never lost to that.
+        text = markdown.strip() or "\n\n".join(block.content for block in blocks)
+        return TextLayer(True, reason, text, blocks, image_size, (rect.width, rect.height))
 
     def figures(
         self, number: int, boxes: Sequence[Region], dpi: float, folder: Path, names: Sequence[str]

@@ -17,10 +17,7 @@ outputs, and holds what both describe (the models, the OpenAPI description). Wai
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import mimetypes
-import os
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -33,21 +30,25 @@ from ocrd.config import HttpConfig
 from ocrd.files.dropped import printable
 from ocrd.web import openapi
 from ocrd.web.documents import Documents, DocumentState, Found, Outputs, is_document_id
+from ocrd.web.served import MissingOutput, serve
 
 READ_BYTES = 256 * 1024  # read from a file or a client at a time
 MAX_WAIT_SECONDS = 300.0
 WAIT_RETRY_SECONDS = 10  # told to a waiting client beyond max_waiting_clients
-CONTENT_TYPES = {
-    ".md": "text/markdown; charset=utf-8",
-    ".json": "application/json",
-    ".jsonl": "application/x-ndjson",
-}
+
+
+class PartLinks(BaseModel):
+    """One part of a document split at separator sheets: a document of its own."""
+
+    markdown: str  # its Markdown's URL
+    files: dict[str, str] = {}  # each of its outputs present (relative name: its URL)
 
 
 class DocumentLinks(BaseModel):
     status: str
-    markdown: str | None = None  # once done
+    markdown: str | None = None  # once done (a split document's: every part's, in order)
     files: dict[str, str] = {}  # each output present (relative name: its URL), once done
+    parts: list[PartLinks] = []  # a document split at separator sheets: each part's
 
 
 class DocumentStatus(BaseModel):
@@ -170,6 +171,11 @@ class DocumentsApi:
             links.markdown = document_url(request, found.id, "markdown")
             links.files = {printable(name): document_url(request, found.id, name)
                            for name in found.files}  # fmt: skip
+            if found.outputs.split:
+                links.parts = [
+                    self._part_links(request, found.id, markdown, names)
+                    for markdown, names in zip(found.outputs.markdowns, found.parts, strict=True)
+                ]
         return DocumentStatus(
             id=found.id,
             state=found.state,
@@ -186,6 +192,15 @@ class DocumentsApi:
             page=found.page,
             reason=found.reason,
             links=links,
+        )
+
+    def _part_links(
+        self, request: web.Request, document_id: str, markdown: str, names: list[str]
+    ) -> PartLinks:
+        """A part's links: its Markdown, and every file of it present."""
+        return PartLinks(
+            markdown=document_url(request, document_id, markdown),
+            files={printable(name): document_url(request, document_id, name) for name in names},
         )
 
     async def status(self, request: web.Request) -> web.Response:
@@ -211,7 +226,7 @@ class DocumentsApi:
         outputs = await self._done_outputs(request)
         if isinstance(outputs, web.Response):
             return outputs
-        return await self._serve(request, outputs, (outputs.markdown,))
+        return await self._serve(request, outputs, *((m,) for m in outputs.markdowns))
 
     async def output(self, request: web.Request) -> web.StreamResponse:
         outputs = await self._done_outputs(request)
@@ -229,36 +244,12 @@ class DocumentsApi:
         return self._not_done(request, found)
 
     async def _serve(
-        self, request: web.Request, outputs: Outputs, parts: Sequence[str]
+        self, request: web.Request, outputs: Outputs, *files: Sequence[str]
     ) -> web.StreamResponse:
-        """One output file, read in a thread a piece at a time; never through a link."""
         try:
-            fd, size = await asyncio.to_thread(_opened, outputs, parts)
-        except OSError:
-            return error(404, f"no file {'/'.join(parts)!r} among this document's outputs")
-        try:
-            name = parts[-1]
-            response = web.StreamResponse(
-                headers={
-                    "Content-Type": _content_type(name),
-                    "X-Content-Type-Options": "nosniff",
-                    "Content-Disposition": f"inline; filename*=UTF-8''{quote(printable(name))}",
-                }
-            )
-            response.content_length = size
-            response.force_close()
-            await response.prepare(request)
-            left = size
-            while left > 0:
-                chunk = await asyncio.to_thread(os.read, fd, min(READ_BYTES, left))
-                if not chunk:
-                    break
-                await response.write(chunk)
-                left -= len(chunk)
-            await response.write_eof()
-            return response
-        finally:
-            await asyncio.to_thread(os.close, fd)
+            return await serve(request, outputs, *files)
+        except MissingOutput as missing:
+            return error(404, f"no file {missing.name!r} among this document's outputs")
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(describe_api(self.config))
@@ -276,16 +267,6 @@ def _origin(request: web.Request) -> str:
         return str(request.url.origin())
     except ValueError:
         return ""
-
-
-def _opened(outputs: Outputs, parts: Sequence[str]) -> tuple[int, int]:
-    fd = outputs.open(parts)
-    return fd, os.fstat(fd).st_size
-
-
-def _content_type(name: str) -> str:
-    suffix = name[name.rfind(".") :].lower() if "." in name else ""
-    return CONTENT_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
 def describe_api(config: HttpConfig) -> dict[str, Any]:

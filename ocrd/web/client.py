@@ -108,6 +108,9 @@ def format_status(report: StatusReport) -> str:
     for finished in list(reversed(report.finished))[:10]:
         when = time.strftime("%H:%M:%S", time.localtime(finished.finished_at))
         detail = finished.reason if finished.outcome.value == "failed" else finished.markdown
+        if finished.pages_without_text:
+            numbers = ", ".join(map(str, finished.pages_without_text))
+            detail = f"{detail} (no text from page {numbers})"
         lines.append(
             f"  {when} {finished.outcome.value:6} {finished.path} "
             f"({finished.pages} pages, {finished.seconds:.1f} s): {detail}"

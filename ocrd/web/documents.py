@@ -64,38 +64,68 @@ def iso(wall: float) -> str:
 
 @dataclass(frozen=True)
 class Outputs:
-    """A converted document's files: its Markdown in `root/folder...`, and beside it the
-    companions of that Markdown (figures, layout file, raw file) and nothing else."""
+    """A converted document's files: its Markdown in `root/folder...` (a document split at
+    separator sheets: each part's, `<stem>-1.md`, `<stem>-2.md`, ...), and beside each the
+    companions of that Markdown (figures, layout file, raw file, searchable PDF) and
+    nothing else."""
 
     root: Path  # the outbox
     folder: tuple[str, ...]  # from the outbox to the Markdown's folder
-    markdown: str  # the Markdown's name
+    markdowns: tuple[str, ...]  # the Markdown's name, or each part's in order
+
+    @property
+    def markdown(self) -> str:
+        """The (first part's) Markdown."""
+        return self.markdowns[0]
+
+    @property
+    def split(self) -> bool:
+        return len(self.markdowns) > 1
 
     def allows(self, parts: Sequence[str]) -> bool:
         """Whether `parts` (relative to the Markdown's folder) names one of these files."""
-        files = OutputFiles(Path(self.markdown))
         if len(parts) == 1:
-            return parts[0] in (self.markdown, *files.beside)
+            return any(parts[0] in _companions(markdown) for markdown in self.markdowns)
         return (
             len(parts) == 2
-            and parts[0] == files.assets.name
+            and parts[0] in (OutputFiles(Path(m)).assets.name for m in self.markdowns)
             and plain_part(parts[1])
             and not parts[1].startswith(".")
         )
 
-    def present(self) -> list[str]:
-        """The files of the document that exist, relative to the Markdown's folder. Blocking."""
-        files = OutputFiles(Path(self.markdown))
-        found = [name for name, _ in visible_files(self.root, self.folder)]
-        present = [name for name in (self.markdown, *files.beside) if name in found]
-        figures = visible_files(self.root, (*self.folder, files.assets.name))
-        return present + [f"{files.assets.name}/{name}" for name, _ in sorted(figures)]
+    def present_by_part(self) -> list[list[str]]:
+        """Each part's files that exist (its Markdown first), relative to the Markdown's
+        folder. Blocking."""
+        found = {name for name, _ in visible_files(self.root, self.folder)}
+        by_part = []
+        for markdown in self.markdowns:
+            assets = OutputFiles(Path(markdown)).assets.name
+            figures = visible_files(self.root, (*self.folder, assets))
+            by_part.append([name for name in _companions(markdown) if name in found]
+                           + [f"{assets}/{name}" for name, _ in sorted(figures)])  # fmt: skip
+        return by_part
 
     def open(self, parts: Sequence[str]) -> int:
         """A descriptor of one of the files (FileNotFoundError for any other). Blocking."""
         if not self.allows(parts):
             raise FileNotFoundError(errno.ENOENT, "not a file of this document", "/".join(parts))
         return open_beneath(self.root, (*self.folder, *parts))
+
+
+def _companions(markdown: str) -> tuple[str, ...]:
+    """A Markdown's name and the names of the files beside it that go with it."""
+    files = OutputFiles(Path(markdown))
+    return (markdown, *files.beside, files.pdf.name)
+
+
+def part_names(markdown: str, names: Sequence[str]) -> tuple[str, ...]:
+    """Where `markdown` is the first part of a split document (`<stem>-1.md`), every part
+    in `names` in order (`<stem>-2.md`, ...); otherwise `markdown` alone."""
+    base, first = markdown[: -len("-1.md")], markdown.endswith("-1.md")
+    parts: list[str] = []
+    while first and f"{base}-{len(parts) + 1}.md" in names:
+        parts.append(f"{base}-{len(parts) + 1}.md")
+    return tuple(parts) if len(parts) > 1 else (markdown,)
 
 
 @dataclass
@@ -112,6 +142,7 @@ class Found:
     claim: str | None = None  # the claim's id while converting (or from memory)
     outputs: Outputs | None = None
     files: list[str] = field(default_factory=list)  # outputs present
+    parts: list[list[str]] = field(default_factory=list)  # a split one's: each part's files
     pages: int | None = None
     pages_done: int | None = None
     eta_seconds: float | None = None
@@ -123,6 +154,12 @@ class Found:
     @property
     def name(self) -> str:
         return PurePath(self.path).name
+
+    def show(self, outputs: Outputs) -> None:
+        """Its outputs, and which of their files are present (part by part). Blocking."""
+        self.outputs = outputs
+        self.parts = outputs.present_by_part()
+        self.files = [name for part in self.parts for name in part]
 
     @property
     def settled(self) -> bool:
@@ -250,9 +287,10 @@ def find_upload(inbox: InboxConfig, upload_id: str) -> Found | None:
         return result
 
     planned = claimed.markdown if claimed and claimed.markdown else None
+    stem = PurePath(done[0][0]).stem if done else None
     markdown = _pick(
         [name for name in written if name.endswith(".md")],
-        [f"{PurePath(done[0][0]).stem}.md" if done else None,
+        [f"{stem}.md" if stem else None, f"{stem}-1.md" if stem else None,  # split: parts
          PurePath(planned).name if planned else None],
     )  # fmt: skip
     originals = [(n, i) for n, i in failed if not n.endswith(ERROR_SUFFIX)]
@@ -266,8 +304,7 @@ def find_upload(inbox: InboxConfig, upload_id: str) -> Found | None:
         original = done[0] if done else None
         uploaded = original[1].st_mtime if original else claimed.uploaded if claimed else None
         result = found(DocumentState.done, original[0] if original else markdown, uploaded)
-        result.outputs = Outputs(inbox.outbox, where, markdown)
-        result.files = result.outputs.present()
+        result.show(Outputs(inbox.outbox, where, part_names(markdown, written)))
         with contextlib.suppress(OSError):
             with folder_beneath(inbox.outbox, where) as folder:
                 info = os.stat(markdown, dir_fd=folder, follow_symlinks=False)
@@ -422,10 +459,10 @@ def _from_memory(document_id: str, remembered: _Remembered) -> Found:
     found.finished_at = iso(summary.finished_at)
     if summary.outcome is Outcome.done and summary.markdown:
         markdown = Path(summary.markdown)
+        parts = [Path(str(part["markdown"])).name for part in summary.parts]
         with contextlib.suppress(ValueError):
             folder = markdown.parent.relative_to(inbox.outbox).parts
-            found.outputs = Outputs(inbox.outbox, folder, markdown.name)
-            found.files = found.outputs.present()
+            found.show(Outputs(inbox.outbox, folder, tuple(parts) or (markdown.name,)))
     else:
         found.stage = summary.stage.value if summary.stage else None
         found.page, found.reason = summary.page, summary.reason

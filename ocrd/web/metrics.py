@@ -211,6 +211,10 @@ class Metrics:
         self.completion_tokens = Counter(
             "ocrd_completion_tokens", "Completion tokens of recognised pages", registry=registry
         )
+        self.without_text = Counter(
+            "ocrd_pages_without_text", "Pages with content (ink, or a text layer) from which "
+            "no text came", registry=registry,
+        )  # fmt: skip
         self.storage_faults = Counter(
             "ocrd_storage_faults", "Storage errors met while settling (each retry counts)",
             registry=registry,
@@ -237,6 +241,8 @@ class Metrics:
             self.retried.inc()
         if page.unfinished:
             self.unfinished.inc()
+        if page.no_text is not None:
+            self.without_text.inc()
 
     def document_finished(self, summary: DocumentSummary) -> None:
         stage = summary.stage.value if summary.stage else ""

@@ -126,7 +126,9 @@ def _paths(max_upload_mb: float) -> dict[str, Any]:
         },
         "/api/documents/{id}/markdown": {
             "get": {
-                "summary": "The document's Markdown, once done",
+                "summary": "The document's Markdown, once done (a document split at separator "
+                "sheets: every part's in order, each after a comment `<!-- part k of n: "
+                "<stem>-k.md -->`)",
                 "operationId": "getMarkdown",
                 "parameters": [ID, WAIT],
                 "responses": {
@@ -139,7 +141,8 @@ def _paths(max_upload_mb: float) -> dict[str, Any]:
         "/api/documents/{id}/{name}": {
             "get": {
                 "summary": "One output by name: `<stem>.md`, `<stem>.layout.json`, "
-                "`<stem>.raw.jsonl` (as listed in the document's `links.files`)",
+                "`<stem>.raw.jsonl`, `<stem>.pdf` (as listed in the document's `links.files`; "
+                "a split document's parts are `<stem>-1.md`, `<stem>-1.pdf`, ...)",
                 "operationId": "getOutput",
                 "parameters": [ID, _name("name")],
                 "responses": {"200": _file("the file"), "404": NOT_FOUND, "409": NOT_DONE},

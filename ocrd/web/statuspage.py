@@ -173,6 +173,9 @@ def _finished_row(document: FinishedDocument, query: str) -> str:
         )
     else:
         detail = _markdown_link(document, query)
+        if document.pages_without_text:
+            numbers = ", ".join(map(str, document.pages_without_text))
+            detail += f'<br><span class="reason">no text from page {numbers}</span>'
     return (
         f'<tr class="finished"><td>{when}</td><td>{escape(document.path)}</td>'
         f'<td class="{outcome}">{outcome}</td><td class="num">{document.pages}</td>'
