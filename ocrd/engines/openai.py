@@ -28,8 +28,9 @@ from ocrd.config import OpenAiConfig, SamplingConfig
 from ocrd.engines.keepers import RemoteKeeper
 from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageMedia, png_data_url
+from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.replicas import KNOWN_GOOD_TEXT
-from ocrd.engines.router import Replica, Router, RouterSettings
+from ocrd.engines.router import Router
 
 __all__ = ["OpenAiEngine", "png_data_url"]
 
