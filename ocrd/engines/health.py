@@ -24,16 +24,13 @@ def summary(replicas: list[Replica]) -> str:
     return f"{ready} of {len(replicas)} replicas ready" + (f", {rest}" if rest else "")
 
 
-def judge(health: EngineHealth, replicas: list[Replica], problem_without: str = "") -> None:
-    """Set `health` from the replicas' states; `problem_without` is what is wrong when the
-    fleet has no replica at all (a registry that lists none, or cannot be read)."""
+def judge(health: EngineHealth, replicas: list[Replica], fleet_problem: str | None = None) -> None:
+    """Set `health` from the replicas' states; `fleet_problem` is what is wrong with the
+    fleet's list itself (a router that lists no worker, or does not answer)."""
     others = [r for r in replicas if r.state is not ReplicaState.ready]
     if any(r.state is ReplicaState.ready for r in replicas):
-        health.degraded = (
-            "; ".join(f"{r.name} {r.state.value}: {r.problem or 'no problem told'}" for r in others)
-            if others
-            else None
-        )
+        problems = [f"{r.name} {r.state.value}: {r.problem or 'no problem told'}" for r in others]
+        health.degraded = "; ".join([*problems, *filter(None, [fleet_problem])]) or None
         health.set(EngineState.ready)
         return
     health.degraded = None
@@ -45,8 +42,6 @@ def judge(health: EngineHealth, replicas: list[Replica], problem_without: str = 
         count = len(replicas)
         share = f"{len(garbled)} of {count} replicas garbled; " if count > 1 else ""
         health.set(EngineState.garbled, share + (garbled[0].problem or ""))
-    elif not replicas:
-        health.set(EngineState.unreachable, problem_without or "no server is known")
     else:
-        problems = "; ".join(f"{r.name}: {r.problem or r.state.value}" for r in replicas)
-        health.set(EngineState.unreachable, problems)
+        problems = [f"{r.name}: {r.problem or r.state.value}" for r in replicas]
+        health.set(EngineState.unreachable, "; ".join([*filter(None, [fleet_problem]), *problems]))

@@ -51,6 +51,7 @@ from ocrd.engines.supervision import Supervisor
 from ocrd.log import get_logger
 
 SERVER_REST_SECONDS = 5.0  # a server that failed a page gets no new requests for this long
+RETIRE_POLL_SECONDS = 0.2
 
 
 class Router:
@@ -75,7 +76,7 @@ class Router:
         self._prepare = prepare
         self.page_folder = page_folder  # where local replicas read pages (None: a fleet)
         self._cleanup = cleanup
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[Replica, asyncio.Task[None]] = {}
         self.gate = (
             SelfCheckGate(
                 self.request_body,
@@ -129,7 +130,9 @@ class Router:
             await self.gate.open(self._prepare)
         for replica in self._replicas:
             self._keep(replica)
-        await asyncio.wait([r.started for r in self._replicas if r.started is not None])
+        starts = [r.started for r in self._replicas if r.started is not None]
+        if starts:
+            await asyncio.wait(starts)
         self.supervisor.judge()
         if self.settings.local and not any(r.ever_ready or r.self_check for r in self._replicas):
             problems = "; ".join(f"{r.name}: {r.problem or r.state.value}" for r in self._replicas)
@@ -140,16 +143,39 @@ class Router:
         """Open the replica's link and start its supervision."""
         replica.started = asyncio.get_running_loop().create_future()
         replica.link.open()
-        self._tasks.append(asyncio.create_task(self.supervisor.keep(replica), name=replica.name))
+        task = asyncio.create_task(self.supervisor.keep(replica), name=replica.name)
+        self._tasks[replica] = task
+
+    def join(self, replica: Replica) -> None:
+        """A replica that joins the running fleet (a server registered at a router)."""
+        self._replicas.append(replica)
+        self._keep(replica)
+        self.supervisor.judge()
+
+    async def retire(self, replica: Replica) -> None:
+        """A replica that leaves the running fleet: it gets no new page, those in flight on it
+        finish (within the request timeout), then it is let go."""
+        task = self._tasks.pop(replica, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self.supervisor.set_state(replica, ReplicaState.stopped, "no longer in the fleet")
+        deadline = time.monotonic() + self.settings.request_timeout
+        while replica.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(RETIRE_POLL_SECONDS)
+        await replica.keeper.take_down()
+        await replica.link.close()
+        self._replicas.remove(replica)
+        self.supervisor.judge()
 
     async def check_health(self) -> None:
         return None  # replicas are restarted, an outage shows in `health`: never dead
 
     async def stop(self) -> None:
         self.supervisor.stopping = True
-        for task in self._tasks:
+        for task in self._tasks.values():
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks.clear()
         await asyncio.gather(
             *(self._stop_replica(replica) for replica in self._replicas), return_exceptions=True

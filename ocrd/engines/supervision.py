@@ -45,7 +45,7 @@ class Supervisor:
         self.on_ready = on_ready  # a replica became ready: hand it waiting pages
         self.on_change: list[Callable[[ReplicaFacts], None]] = []
         self.stopping = False
-        self.without_replicas = ""  # what is wrong when there is no replica (health.judge)
+        self.fleet_problem: str | None = None  # what is wrong with the fleet's list
 
     async def keep(self, replica: Replica) -> None:
         """Bring the replica up, prove it reads, serve until it goes down; again, with backoff."""
@@ -186,4 +186,4 @@ class Supervisor:
 
     def judge(self) -> None:
         if not self.stopping:  # else the last state stays for whoever reads it after the stop
-            judge(self.health, self.replicas, self.without_replicas)
+            judge(self.health, self.replicas, self.fleet_problem)
