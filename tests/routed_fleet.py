@@ -133,15 +133,15 @@ class Worker:
 
 
 class VllmRouter:
-    """`vllm-router` on a loopback port in front of `workers`."""
+    """`vllm-router` on a loopback port in front of the workers at `urls`."""
 
-    def __init__(self, folder: Path, workers: list[Worker]) -> None:
+    def __init__(self, folder: Path, urls: list[str]) -> None:
         self.port = free_port()
         self.log = folder / "vllm-router.log"
         self.argv = [
             router_binary(), "--host", "127.0.0.1", "--port", str(self.port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--worker-urls", *(w.url for w in workers),
+            "--worker-urls", *urls,
             "--log-level", "warning",
         ]  # fmt: skip
         self.process: subprocess.Popen[bytes] | None = None
@@ -186,7 +186,7 @@ def fleet_behind(folder: Path, workers: list[Worker]) -> Iterator[VllmRouter]:
     try:
         for worker in workers:
             worker.start()
-        router = VllmRouter(folder, workers)
+        router = VllmRouter(folder, [worker.url for worker in workers])
         router.start()
         yield router
     finally:

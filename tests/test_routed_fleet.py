@@ -11,7 +11,9 @@ sockets, no model (they read nothing; they answer the test page by its request i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,14 @@ def routed_config(tmp_path: Path, router_url: str) -> Path:
     return write_config(tmp_path, {"max_image_side": 768}, engine=engine)
 
 
+@contextlib.contextmanager
+def stopping(worker: Worker) -> Iterator[Worker]:
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
 def outbox_text(data: Path) -> str:
     return "\n".join(path.read_text() for path in sorted((data / "outbox").rglob("*.md")))
 
@@ -57,7 +67,7 @@ def test_garbling_workers_a_dead_first_worker_and_workers_added_at_the_router(
         Worker(tmp_path, 3),
     )
     added = Worker(tmp_path, 4)
-    with fleet_behind(tmp_path, [first, garbling, good]) as router:
+    with fleet_behind(tmp_path, [first, garbling, good]) as router, stopping(added):
         first.kill()  # the router still lists it first: dead from the start
         config = routed_config(tmp_path, router.url)
         daemon = start_daemon(config)

@@ -53,6 +53,7 @@ class OpenAiEngine(Router):
         self, config: OpenAiConfig, sampling: SamplingConfig, self_check: bool = True
     ) -> None:
         self.config = config
+        self._key: str | None = None  # read at start
         waits = Backoff(first=config.retry_backoff_seconds, cap=MAX_BACKOFF_SECONDS)
         listed = [] if config.router_url else [self._server(url) for url in config.base_urls]
         settings = RouterSettings(
@@ -77,7 +78,6 @@ class OpenAiEngine(Router):
             else None
         )
         self._following: asyncio.Task[None] | None = None
-        self._key: str | None = None
 
     def _server(self, url: str, name: str | None = None) -> Replica:
         link = ServerLink(url, self._key, connections=self.config.max_concurrency + 1)
