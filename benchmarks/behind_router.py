@@ -125,12 +125,17 @@ def engine_section(way: str, workers: list[Worker], router: VllmRouter) -> dict[
 class Run:
     """One run of one case one way: workers, router, the checker where (a), ocrd."""
 
-    def __init__(self, folder: Path, way: str, workers: int = 3, garbling: int | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        way: str,
+        garbling: int | None = None,
+        seconds_per_page: float = SECONDS_PER_PAGE,
+    ) -> None:
         self.folder = folder
         self.way = way
         self.workers = [
-            Worker(folder, n, SECONDS_PER_PAGE, CAPACITY, garble=n == garbling)
-            for n in range(1, workers + 1)
+            Worker(folder, n, seconds_per_page, CAPACITY, garble=n == garbling) for n in (1, 2, 3)
         ]
         for worker in self.workers:
             worker.start()
@@ -227,14 +232,16 @@ def garble(folder: Path, way: str) -> dict[str, Any]:
 
 
 def restart(folder: Path, way: str) -> dict[str, Any]:
-    """A worker is restarted at 3 s and comes back garbling; 12 documents x 10 pages."""
-    run = Run(folder, way)
+    """A worker is restarted at 3 s and comes back garbling; 24 documents x 10 pages at 3 s a
+    page, so that the run outlasts the router's circuit breaker (it keeps a returning worker
+    out for about 60 s)."""
+    run = Run(folder, way, seconds_per_page=3.0)
     try:
         run.start_ocrd()
         victim = run.workers[1]
-        started = run.drop(12, 10)
+        started = run.drop(24, 10)
         at(3.0, lambda: (victim.kill(), victim.start(garble=True)))
-        return run.finish(12, started)
+        return run.finish(24, started)
     finally:
         run.close()
 

@@ -67,8 +67,10 @@ class Worker:
         capacity: int = 8,
         garble: bool = False,
         exit_on_marked_pages: bool = False,
+        refuse_page_once: int = 0,
     ) -> None:
         self.number = number
+        self.refuse_page_once = refuse_page_once
         self.port = free_port()
         self.answers = folder / f"worker{number}.answers"
         self.seconds_per_page = seconds_per_page
@@ -97,6 +99,8 @@ class Worker:
             argv.append("--garble")
         if self.exit_on_marked_pages:
             argv.append("--exit-on-marked-pages")
+        if self.refuse_page_once:
+            argv += ["--refuse-page-once", str(self.refuse_page_once)]
         env = {k: v for k, v in os.environ.items() if k != "OCRD_REPLICA_API_KEY"}
         self.process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
         wait_serving(self.url, self.process, f"simulated worker {self.number}")

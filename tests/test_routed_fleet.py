@@ -21,14 +21,22 @@ import httpx
 import pytest
 from conftest import files_under, markdown_under, wait_until, write_config
 from helpers import make_pdf
+from PIL import Image
 from routed_fleet import GARBLE, Worker, fleet_behind
 from test_http import base_url, metric, run_ocrd_status
 from test_replicas import marked_pdf
 
-from ocrd.config import EngineConfig, OpenAiConfig
+from ocrd.config import EngineConfig, OpenAiConfig, PromptMode
+from ocrd.domain import PageImage, PageText
 from ocrd.engines import EngineState, create_engine
 
 pytestmark = pytest.mark.slow
+
+
+def page(number: int) -> PageImage:
+    image = Image.new("RGB", (300, 400), (250, 250, 250))
+    image.putpixel((number, 200), (0, 0, 0))  # each page looks different
+    return PageImage(number, image, 216, 288)
 
 
 def routed_config(tmp_path: Path, router_url: str) -> Path:
@@ -200,6 +208,34 @@ def test_a_router_that_does_not_answer_yet_leaves_the_fleet_unreachable_until_it
     assert state is EngineState.unreachable
     assert f"the router at {address} does not give its workers" in problem
     assert [r.name for r in replicas] == [worker.url] and degraded is None
+
+
+def test_one_refusal_is_one_pages_and_no_other_page_is_sent_again(tmp_path: Path) -> None:
+    refusing, other = Worker(tmp_path, 1, refuse_page_once=3), Worker(tmp_path, 2)
+    with fleet_behind(tmp_path, [refusing, other]) as router:
+
+        async def scenario() -> tuple[list[PageText], list[Any]]:
+            config = OpenAiConfig(
+                router_url=router.url, model="simulated", max_concurrency=8,
+                retry_backoff_seconds=0.2,
+            )  # fmt: skip
+            engine = create_engine(EngineConfig(kind="openai", openai=config), "openai")
+            await engine.start()
+            try:
+                texts = await asyncio.gather(
+                    *(engine.recognise(page(n), PromptMode.text) for n in range(1, 13))
+                )
+                return texts, engine.replicas
+            finally:
+                await engine.stop()
+
+        texts, replicas = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [t.finish_reason for t in texts] == ["stop"] * 12
+    answered = refusing.answered_pages() + other.answered_pages()
+    assert len(answered) == 12  # the refused page once more, no other page again
+    facts = {r.name: r for r in replicas}
+    assert facts[refusing.url].pages_failed == 1 and facts[refusing.url].restarts == 0
+    assert facts[refusing.url].deaths_with_pages == 0  # a refusal is no death
 
 
 def test_a_router_and_a_list_of_servers_are_not_both_the_fleet() -> None:

@@ -16,6 +16,9 @@ each time a server dropped it (went away with the page), twice, fails its docume
 engine crashed on page N twice"). Only a failure on a server that still answers its probe
 counts against the page (`retries`, with backoff, then the page fails); a page the server
 refuses as invalid (400, 413, 422) fails at once.
+
+With `router_url` the servers are the workers a router lists (registry.py): they join and
+leave while ocrd runs, and each is sent its pages directly, as a listed server.
 """
 
 from __future__ import annotations
@@ -101,7 +104,10 @@ class OpenAiEngine(Router):
         assert self.registry is not None
         while True:
             await asyncio.sleep(self.registry.poll_seconds)
-            await self.registry.refresh()
+            try:
+                await self.registry.refresh()
+            except Exception:  # a bug must not end the following silently
+                self.log.exception("engine.registry_error", router=self.registry.link.root)
             if self.supervisor.fleet_problem != self.registry.problem:
                 self.supervisor.fleet_problem = self.registry.problem
                 self.supervisor.judge()

@@ -12,7 +12,8 @@ simulated engine's: derived from the pixels it is sent (a `file://` URL in the m
 or a data URL), never read from them. Requests need `Authorization: Bearer <key>` with the
 key from $OCRD_REPLICA_API_KEY, as ocrd's vLLM replicas do. With `--exit-on-marked-pages`
 the process exits at once (status 3) when it is sent a page whose top-left corner is magenta:
-a stand-in for a page that crashes the engine.
+a stand-in for a page that crashes the engine; with `--refuse-page-once N` the first request
+for page N is answered 503, as a loaded server refuses one request and serves on.
 
 For tests of fleets and ocrd's self-check: with `--answers-test-page` it answers ocrd's test
 page (known by its request id, `ocrd-self-check-...`, never by its pixels) with the text
@@ -60,6 +61,7 @@ class SimulatedReplica:
         self.slots = asyncio.Semaphore(args.capacity)
         self.running = 0
         self.done = 0
+        self.refused = False
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
@@ -109,6 +111,9 @@ class SimulatedReplica:
         del image
         request_id = request.headers.get("X-Request-Id", "")
         page = _page_number(request_id)
+        if page == self.args.refuse_page_once and not self.refused:
+            self.refused = True  # a refusal of one page by a server that still serves
+            return web.json_response({"error": "overloaded, try again"}, status=503)
         mode = PromptMode.text if "Free OCR" in prompt else PromptMode.layout
         async with self.slots:
             self.running += 1
@@ -194,6 +199,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--answers-test-page", action="store_true")
     parser.add_argument("--garble", action="store_true")
     parser.add_argument("--answers-file", help="append each answered request's id here")
+    parser.add_argument("--refuse-page-once", type=int, default=0, help="503 its first request")
     args = parser.parse_args(argv)
     if (args.socket is None) == (args.port is None):
         parser.error("give exactly one of --socket and --port")
