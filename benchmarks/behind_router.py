@@ -171,7 +171,8 @@ class Run:
             seconds: float | None = time.monotonic() - started
         except TimeoutError:
             seconds = None
-        outcomes = [e.fields["outcome"] for e in self.daemon.find("document.finished")]
+        finished = [e.fields for e in self.daemon.find("document.finished")]
+        outcomes = [fields["outcome"] for fields in finished]
         markdown = "".join(p.read_text() for p in (self.folder / "data" / "outbox").rglob("*.md"))
         return {
             "way": self.way,
@@ -180,6 +181,7 @@ class Run:
             "failed": outcomes.count("failed"),
             "garbage_pages": markdown.count(GARBLE_MARK) // GARBLE.count(GARBLE_MARK),
             "answers": sum(len(w.answered_pages()) for w in self.workers),
+            "failures": [f.get("reason") for f in finished if f["outcome"] == "failed"],
         }
 
     def close(self) -> None:

@@ -167,6 +167,7 @@ class Router:
         await replica.link.close()
         self._replicas.remove(replica)
         self.supervisor.judge()
+        self.supervisor.tell(replica)
 
     async def check_health(self) -> None:
         return None  # replicas are restarted, an outage shows in `health`: never dead

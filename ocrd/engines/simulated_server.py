@@ -111,7 +111,7 @@ class SimulatedReplica:
         del image
         request_id = request.headers.get("X-Request-Id", "")
         page = _page_number(request_id)
-        if page == self.args.refuse_page_once and not self.refused:
+        if self.args.refuse_page_once and page == self.args.refuse_page_once and not self.refused:
             self.refused = True  # a refusal of one page by a server that still serves
             return web.json_response({"error": "overloaded, try again"}, status=503)
         mode = PromptMode.text if "Free OCR" in prompt else PromptMode.layout

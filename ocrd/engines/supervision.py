@@ -180,6 +180,11 @@ class Supervisor:
             replica.since = time.time()
         replica.state, replica.problem = state, problem
         self.judge()
+        self.tell(replica)
+
+    def tell(self, replica: Replica) -> None:
+        """Tell the listeners of the replica's change (its state, or its joining or leaving
+        the fleet: the engine's capacity changed)."""
         facts = replica.facts
         for callback in self.on_change:
             callback(facts)
