@@ -211,8 +211,9 @@ def test_a_router_that_does_not_answer_yet_leaves_the_fleet_unreachable_until_it
 
 
 def test_one_refusal_is_one_pages_and_no_other_page_is_sent_again(tmp_path: Path) -> None:
-    refusing, other = Worker(tmp_path, 1, refuse_page_once=3), Worker(tmp_path, 2)
-    with fleet_behind(tmp_path, [refusing, other]) as router:
+    # Each refuses page 3 once (whichever it lands on first), and serves on.
+    workers = [Worker(tmp_path, n, refuse_page_once=3) for n in (1, 2)]
+    with fleet_behind(tmp_path, workers) as router:
 
         async def scenario() -> tuple[list[PageText], list[Any]]:
             config = OpenAiConfig(
@@ -231,11 +232,10 @@ def test_one_refusal_is_one_pages_and_no_other_page_is_sent_again(tmp_path: Path
 
         texts, replicas = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert [t.finish_reason for t in texts] == ["stop"] * 12
-    answered = refusing.answered_pages() + other.answered_pages()
+    answered = [i for worker in workers for i in worker.answered_pages()]
     assert len(answered) == 12  # the refused page once more, no other page again
-    facts = {r.name: r for r in replicas}
-    assert facts[refusing.url].pages_failed == 1 and facts[refusing.url].restarts == 0
-    assert facts[refusing.url].deaths_with_pages == 0  # a refusal is no death
+    assert sum(r.pages_failed for r in replicas) >= 1  # counted as the page's failure
+    assert all(r.restarts == 0 and r.deaths_with_pages == 0 for r in replicas)  # no death
 
 
 def test_a_router_and_a_list_of_servers_are_not_both_the_fleet() -> None:
