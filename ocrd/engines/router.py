@@ -45,7 +45,7 @@ from ocrd.engines.gate import SelfCheckGate
 from ocrd.engines.health import STARTING, summary
 from ocrd.engines.media import PageMedia
 from ocrd.engines.replica import Replica, RouterSettings
-from ocrd.engines.routing import Dispatcher
+from ocrd.engines.routing import Dispatcher, Kind
 from ocrd.engines.sending import Busy, Failed, Gone, NeverSent, Sender
 from ocrd.engines.supervision import Supervisor
 from ocrd.log import get_logger
@@ -253,6 +253,14 @@ class Router:
             kind = record.kind
             replica = await self.dispatcher.acquire(priority, kind, avoid)
             generation = replica.generation
+            try:
+                confirmed = kind is Kind.fresh or await self.sender.confirm(replica, generation)
+            except BaseException:  # cancelled while looking: the slot is given back
+                self.dispatcher.release(replica, kind)
+                raise
+            if not confirmed:
+                self.dispatcher.release(replica, kind)
+                continue
             try:
                 text = await self.sender.send(replica, body, page, generation)
             except (Gone, NeverSent, Busy, Failed) as error:

@@ -90,6 +90,16 @@ class Sender:
         self.mark_down(replica, generation, problem)
         return Gone(f"{replica.name}: {problem}")
 
+    async def confirm(self, replica: Replica, generation: int) -> bool:
+        """Before a page of a death goes again: does the replica it was given still serve?
+        In an outage the replicas die one after another, and ocrd learns of each a moment
+        late: a page cut off by the first death must not be sent into the next one's (it
+        would count as a second death with it, the evidence against a page that kills)."""
+        if await self._still_serves(replica, generation):
+            return True
+        self.mark_down(replica, generation, "it did not answer a look before a page went again")
+        return False
+
     @staticmethod
     async def _still_serves(replica: Replica, generation: int) -> bool:
         if replica.generation != generation or replica.state is not ReplicaState.ready:
