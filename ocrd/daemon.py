@@ -215,6 +215,7 @@ class Daemon:
             dispatcher.add(recovered)
         self.report = service.status_report
         engine.subscribe(lambda _: service.report_status())  # a replica went down or came back
+        engine.subscribe(lambda _: service.follow_engine_capacity())  # a fleet grew or shrank
         self.metrics.replica_metrics = engine.metrics_text
         self._reload = service.request_reload
         if self._reload_early:

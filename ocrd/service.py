@@ -196,11 +196,17 @@ class Service:
     def apply_pipeline_settings(self) -> None:
         """The pipeline settings that take effect while running (see ocrd/reload.py)."""
         settings = self.config.pipeline
-        self.dispatcher.admission.limit = settings.documents_in_flight_for(
-            self.engine.max_concurrency
-        )
+        self.follow_engine_capacity()
         self.pipeline.page_retries = settings.page_retries
         self.pipeline.retry_backoff_seconds = settings.page_retry_backoff_seconds
+
+    def follow_engine_capacity(self) -> None:
+        """Size the page budget and admission by the engine's capacity now: a fleet behind
+        a router grows and shrinks while ocrd runs."""
+        settings = self.config.pipeline
+        capacity = self.engine.max_concurrency
+        self.dispatcher.admission.limit = settings.documents_in_flight_for(capacity)
+        self.pipeline.budget.resize(settings.pages_in_flight_for(capacity))
 
     # --- reporting -----------------------------------------------------------------------
 

@@ -16,8 +16,10 @@ import yaml
 from conftest import files_under, markdown_under, wait_until
 from helpers import make_pdf, repeated_ngrams
 from PIL import Image
+from routed_fleet import VllmRouter
 
 from ocrd.config import OpenAiConfig, PromptMode, SamplingConfig
+from ocrd.domain import PageImage, PageText
 from ocrd.engines.base import EngineState
 from ocrd.engines.deepseek import PROMPTS
 from ocrd.engines.openai import OpenAiEngine, png_data_url
@@ -158,3 +160,46 @@ def test_ocrd_run_feeds_a_fleet_and_skips_a_dead_server(
     assert summary["prompt_tokens"] >= 3 * 257
     assert markdown_under(tmp_path / "data" / "outbox") == ["remote.md"]
     assert files_under(tmp_path / "data" / "done") == ["remote.pdf"]
+
+
+def test_a_real_vllm_behind_vllm_router_takes_what_the_router_adds_and_ocrds_routing(
+    server: str, tmp_path: Path
+) -> None:
+    """vllm-router adds fields to a chat request (`stream`, `logprobs`, `ignore_eos`, ...):
+    a real `vllm serve` must accept them for ocrd's request sent through it. And with the
+    router as the registry (`router_url`), ocrd finds the worker there and reads a page."""
+    worker = server.removesuffix("/v1")
+    router = VllmRouter(tmp_path, [worker])
+    router.start()
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    model = httpx.get(f"{server}/models", headers=headers).json()["data"][0]["id"]
+
+    async def through_the_registry() -> tuple[list[str], PageText]:
+        os.environ["OCRD_TEST_ROUTED_KEY"] = API_KEY
+        config = OpenAiConfig(
+            router_url=router.url, model=model, api_key_env="OCRD_TEST_ROUTED_KEY", retries=0
+        )
+        engine = OpenAiEngine(config, SamplingConfig(max_tokens=8), self_check=False)
+        await engine.start()
+        try:
+            image = Image.new("RGB", (500, 300), "white")
+            text = await engine.recognise(PageImage(1, image, 500, 300), PromptMode.text)
+            return [r.name for r in engine.replicas], text
+        finally:
+            await engine.stop()
+            del os.environ["OCRD_TEST_ROUTED_KEY"]
+
+    try:
+        engine = OpenAiEngine(OpenAiConfig(model=model), SamplingConfig(max_tokens=8))
+        image = Image.new("RGB", (500, 300), "white")
+        body = engine.request_body(png_data_url(image), PROMPTS[PromptMode.text])
+        answer = httpx.post(
+            f"{router.url}/v1/chat/completions", json=body, headers=headers, timeout=300
+        )
+        names, text = asyncio.run(asyncio.wait_for(through_the_registry(), 300))
+    finally:
+        router.stop()
+    assert answer.status_code == 200, answer.text
+    [choice] = answer.json()["choices"]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"]
+    assert names == [worker] and text.finish_reason == "length" and text.completion_tokens == 8

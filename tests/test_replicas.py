@@ -40,7 +40,9 @@ from ocrd.engines import EngineState, PageCrashedError, ReplicaState, create_eng
 from ocrd.engines.keepers import ChildCommand, ProcessKeeper
 from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageFiles
-from ocrd.engines.router import Replica, Router, RouterSettings, merge_metrics
+from ocrd.engines.replica import Replica, RouterSettings
+from ocrd.engines.replica_metrics import merge_metrics
+from ocrd.engines.router import Router
 from ocrd.engines.simulated_server import MARK
 
 FAST_SUPERVISION = {
@@ -603,9 +605,9 @@ def test_a_page_a_worker_wrote_into_the_engines_page_folder_is_sent_as_it_is() -
 def test_a_garbled_server_that_gets_fixed_is_asked_again_and_then_gets_pages(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from ocrd.engines import router
+    from ocrd.engines import supervision
 
-    monkeypatch.setattr(router, "RECHECK", Backoff(first=0.5))
+    monkeypatch.setattr(supervision, "RECHECK", Backoff(first=0.5))
     fleet = StandInFleetServer(delay=0.05)
     fleet.garbled = True
     fleet.start()

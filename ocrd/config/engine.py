@@ -69,6 +69,20 @@ class OpenAiConfig(Strict):
     max_concurrency: Annotated[int, Field(ge=1)] = 64  # per server
     retries: Annotated[int, Field(ge=0)] = 5
     retry_backoff_seconds: Annotated[float, Field(gt=0)] = 1.0
+    # A router that keeps the fleet's list (vllm-router, SGLang's router): its workers are
+    # read from `GET <router_url>/workers` every `router_poll_seconds` and each is sent
+    # pages directly, as a listed server would be (README, "Fleets behind vllm-router").
+    router_url: str | None = None
+    router_poll_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+    @model_validator(mode="after")
+    def _one_source_of_servers(self) -> OpenAiConfig:
+        if self.router_url is not None and "base_urls" in self.model_fields_set:
+            raise ValueError(
+                "list the servers in base_urls or name the router that lists them in "
+                "router_url, not both"
+            )
+        return self
 
 
 class RapidOcrConfig(Strict):

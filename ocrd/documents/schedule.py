@@ -91,6 +91,14 @@ class PageBudget:
         while self._free > 0 and self._line.hand_over(None, self._grant):
             pass
 
+    def resize(self, size: int) -> None:
+        """A new limit (an engine whose fleet grew or shrank); pages over a smaller one
+        finish, and no new one starts until the count is below it."""
+        self._free += size - self.size
+        self.size = size
+        while self._free > 0 and self._line.hand_over(None, self._grant):
+            pass
+
     def _grant(self, ticket: Ticket) -> None:
         self._free -= 1
         ticket.in_flight += 1

@@ -1,9 +1,9 @@
 """What keeps one replica serving: a child process ocrd starts and watches, or a remote server
 it can only probe.
 
-The router (ocrd/engines/router.py) runs the same loop for both: bring the replica up, prove
-it reads, wait until it goes down, take it down, wait with backoff, start again. A keeper
-supplies the four steps:
+Supervision (ocrd/engines/supervision.py) runs the same loop for both: bring the replica
+up, prove it reads, wait until it goes down, take it down, wait with backoff, start again.
+A keeper supplies the four steps:
 
 - a `ProcessKeeper` starts a server process (a `vllm serve` per GPU, or a simulated
   replica) in its own process group on a private Unix socket, waits for its /health, then

@@ -16,10 +16,14 @@ each time a server dropped it (went away with the page), twice, fails its docume
 engine crashed on page N twice"). Only a failure on a server that still answers its probe
 counts against the page (`retries`, with backoff, then the page fails); a page the server
 refuses as invalid (400, 413, 422) fails at once.
+
+With `router_url` the servers are the workers a router lists (registry.py): they join and
+leave while ocrd runs, and each is sent its pages directly, as a listed server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -28,8 +32,10 @@ from ocrd.config import OpenAiConfig, SamplingConfig
 from ocrd.engines.keepers import RemoteKeeper
 from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageMedia, png_data_url
+from ocrd.engines.registry import RouterRegistry
+from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.replicas import KNOWN_GOOD_TEXT
-from ocrd.engines.router import Replica, Router, RouterSettings
+from ocrd.engines.router import Router
 
 __all__ = ["OpenAiEngine", "png_data_url"]
 
@@ -50,11 +56,9 @@ class OpenAiEngine(Router):
         self, config: OpenAiConfig, sampling: SamplingConfig, self_check: bool = True
     ) -> None:
         self.config = config
+        self._key: str | None = None  # read at start
         waits = Backoff(first=config.retry_backoff_seconds, cap=MAX_BACKOFF_SECONDS)
-        replicas = []
-        for url in config.base_urls:
-            link = ServerLink(url, connections=config.max_concurrency + 1)
-            replicas.append(Replica(url, link, RemoteKeeper(link), config.max_concurrency))
+        listed = [] if config.router_url else [self._server(url) for url in config.base_urls]
         settings = RouterSettings(
             model=config.model,
             request_timeout=config.request_timeout_seconds,
@@ -64,23 +68,65 @@ class OpenAiEngine(Router):
             retry=waits,
             what_to_do_when_garbled=WHAT_TO_DO,
         )
-        super().__init__("openai", replicas, sampling, settings, _data_url)
+        super().__init__("openai", listed, sampling, settings, _data_url)
+        self.registry = (
+            RouterRegistry(
+                ServerLink(config.router_url, connections=2),
+                config.router_poll_seconds,
+                self._join,
+                self._leave,
+                self.log,
+            )
+            if config.router_url
+            else None
+        )
+        self._following: asyncio.Task[None] | None = None
+
+    def _server(self, url: str, name: str | None = None) -> Replica:
+        link = ServerLink(url, self._key, connections=self.config.max_concurrency + 1)
+        return Replica(name or url, link, RemoteKeeper(link), self.config.max_concurrency)
 
     async def start(self) -> None:
-        key = os.environ.get(self.config.api_key_env)  # read at start: a reload may change it
+        self._key = os.environ.get(self.config.api_key_env) or None  # a reload may change it
         for replica in self._replicas:
-            replica.link.api_key = key or None
+            replica.link.api_key = self._key
+        if self.registry is None:
+            await super().start()
+            return
+        self.registry.link.api_key = self._key
+        self.registry.link.open()
+        await self.registry.refresh()  # the workers listed now: their first starts are awaited
+        self.supervisor.fleet_problem = self.registry.problem
         await super().start()
+        self._following = asyncio.create_task(self._follow(), name="router-registry")
 
-    @property
-    def servers(self) -> list[dict[str, Any]]:
-        """Each server's state, for status reports."""
-        return [
-            {
-                "url": facts.name,
-                "up": facts.state.value == "ready",
-                "in_flight": facts.in_flight,
-                "problem": facts.problem,
-            }
-            for facts in self.replicas
-        ]
+    async def _follow(self) -> None:
+        assert self.registry is not None
+        while True:
+            await asyncio.sleep(self.registry.poll_seconds)
+            try:
+                await self.registry.refresh()
+            except Exception:  # a bug must not end the following silently
+                self.log.exception("engine.registry_error", router=self.registry.link.root)
+            if self.supervisor.fleet_problem != self.registry.problem:
+                self.supervisor.fleet_problem = self.registry.problem
+                self.supervisor.judge()
+
+    def _join(self, url: str) -> None:
+        replica = self._server(f"{url}/v1", name=url)  # named as the router lists it
+        if self._tasks or self._following is not None:  # running: it starts now
+            self.join(replica)
+        else:  # listed at start: started with the others
+            self._replicas.append(replica)
+
+    async def _leave(self, url: str) -> None:
+        for replica in [r for r in self._replicas if r.name == url]:
+            await self.retire(replica)
+
+    async def stop(self) -> None:
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
+        if self.registry is not None:
+            await self.registry.link.close()
+        await super().stop()

@@ -35,7 +35,8 @@ from ocrd.config import EngineConfig, SimulatedConfig, SupervisionConfig, VllmCo
 from ocrd.engines.keepers import ChildCommand, ProcessKeeper
 from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageFiles, private_runtime_folder
-from ocrd.engines.router import Replica, Router, RouterSettings
+from ocrd.engines.replica import Replica, RouterSettings
+from ocrd.engines.router import Router
 from ocrd.log import get_logger
 
 # vLLM versions known to serve DeepSeek-OCR-2 correctly (NOTES.md: 0.16 to 0.18 work;

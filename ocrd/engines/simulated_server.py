@@ -12,7 +12,13 @@ simulated engine's: derived from the pixels it is sent (a `file://` URL in the m
 or a data URL), never read from them. Requests need `Authorization: Bearer <key>` with the
 key from $OCRD_REPLICA_API_KEY, as ocrd's vLLM replicas do. With `--exit-on-marked-pages`
 the process exits at once (status 3) when it is sent a page whose top-left corner is magenta:
-a stand-in for a page that crashes the engine.
+a stand-in for a page that crashes the engine; with `--refuse-page-once N` the first request
+for page N is answered 503, as a loaded server refuses one request and serves on.
+
+For tests of fleets and ocrd's self-check: with `--answers-test-page` it answers ocrd's test
+page (known by its request id, `ocrd-self-check-...`, never by its pixels) with the text
+ocrd drew on it, as a model that reads would; with `--garble` it answers everything, the
+test page too, with fluent-looking noise, as vLLM 0.19 answers DeepSeek-OCR-2 (vLLM #39919).
 """
 
 from __future__ import annotations
@@ -32,11 +38,13 @@ from aiohttp import web
 from PIL import Image
 
 from ocrd.config import PromptMode
+from ocrd.engines.selfcheck import expected_text
 from ocrd.engines.simulated import SimulatedEngine, fingerprint
 
 MARK = (255, 0, 255)  # magenta
 MARK_SIDE = 4  # the top-left MARK_SIDE x MARK_SIDE pixels
 CRASH_STATUS = 3
+GARBLE = "l l l l ,,,, 0 0 0 :: " * 20  # what garbled output looks like: no word of the page
 
 
 def marked(image: Image.Image) -> bool:
@@ -53,6 +61,7 @@ class SimulatedReplica:
         self.slots = asyncio.Semaphore(args.capacity)
         self.running = 0
         self.done = 0
+        self.refused = False
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
@@ -100,7 +109,11 @@ class SimulatedReplica:
             os._exit(CRASH_STATUS)
         size, digest = image.size, fingerprint(image)
         del image
-        page = _page_number(request.headers.get("X-Request-Id", ""))
+        request_id = request.headers.get("X-Request-Id", "")
+        page = _page_number(request_id)
+        if self.args.refuse_page_once and page == self.args.refuse_page_once and not self.refused:
+            self.refused = True  # a refusal of one page by a server that still serves
+            return web.json_response({"error": "overloaded, try again"}, status=503)
         mode = PromptMode.text if "Free OCR" in prompt else PromptMode.layout
         async with self.slots:
             self.running += 1
@@ -109,12 +122,15 @@ class SimulatedReplica:
             finally:
                 self.running -= 1
         self.done += 1
+        if self.args.answers_file:  # one line per answer, kept across restarts (tests)
+            with open(self.args.answers_file, "a") as answers:
+                answers.write(request_id + "\n")
         unfinished = (
             mode is PromptMode.layout
             and self.args.unfinished_every > 0
             and page % self.args.unfinished_every == 0
         )
-        text = SimulatedEngine._text(page, size[0], size[1], digest, mode)
+        text = self.text(request_id, page, size, digest, mode)
         return web.json_response(
             {
                 "object": "chat.completion",
@@ -132,6 +148,15 @@ class SimulatedReplica:
                 },
             }
         )
+
+    def text(
+        self, request_id: str, page: int, size: tuple[int, int], digest: str, mode: PromptMode
+    ) -> str:
+        if self.args.garble:
+            return GARBLE
+        if self.args.answers_test_page and request_id.startswith("ocrd-self-check"):
+            return expected_text()
+        return SimulatedEngine._text(page, size[0], size[1], digest, mode)
 
     def load(self, url: str) -> Image.Image:
         if url.startswith("data:"):
@@ -171,6 +196,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tokens-per-page", type=int, default=400)
     parser.add_argument("--unfinished-every", type=int, default=0)
     parser.add_argument("--exit-on-marked-pages", action="store_true")
+    parser.add_argument("--answers-test-page", action="store_true")
+    parser.add_argument("--garble", action="store_true")
+    parser.add_argument("--answers-file", help="append each answered request's id here")
+    parser.add_argument("--refuse-page-once", type=int, default=0, help="503 its first request")
     args = parser.parse_args(argv)
     if (args.socket is None) == (args.port is None):
         parser.error("give exactly one of --socket and --port")

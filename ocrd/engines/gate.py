@@ -1,0 +1,101 @@
+"""The self-check gate: a replica gets pages only once it has read ocrd's test page
+(selfcheck.py), at its start and after each restart or reconnection. One that answers
+without reading it is garbled; one that does not answer is not up yet."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from PIL import Image
+
+from ocrd.config import PromptMode
+from ocrd.engines import selfcheck
+from ocrd.engines.base import EngineError, SelfCheckResult
+from ocrd.engines.deepseek import PROMPTS
+from ocrd.engines.keepers import ReplicaUnavailable
+from ocrd.engines.link import LinkError
+from ocrd.engines.media import PageMedia
+from ocrd.engines.replica import Replica
+from ocrd.engines.sending import page_text
+
+RequestBody = Callable[[str, str], dict[str, Any]]  # (image URL, prompt) -> request body
+
+
+class SelfCheckGate:
+    def __init__(
+        self,
+        request_body: RequestBody,
+        max_tokens: int,
+        request_timeout: float,
+        what_to_do: str,
+    ) -> None:
+        self.request_body = request_body
+        self.max_tokens = min(selfcheck.MAX_TOKENS, max_tokens)
+        self.request_timeout = request_timeout
+        self.what_to_do = what_to_do
+        self._media: PageMedia | None = None
+
+    async def open(self, prepare: Callable[[Image.Image], PageMedia]) -> None:
+        """Draw the test page once, in the form the replicas take pages."""
+        self._media = await asyncio.to_thread(prepare, selfcheck.check_page())
+
+    def close(self) -> None:
+        if self._media is not None:
+            self._media.release()
+
+    async def read_test_page(self, replica: Replica) -> SelfCheckResult:
+        """How well the replica reads the page; ReplicaUnavailable if it does not answer."""
+        assert self._media is not None
+        body = self.request_body(self._media.url, PROMPTS[PromptMode.layout])
+        body["max_tokens"] = self.max_tokens
+        started = time.monotonic()
+        request_id = f"ocrd-self-check-{replica.name}-{replica.generation}"
+        try:
+            answer = await replica.link.post(
+                "/chat/completions", body, self.request_timeout, request_id
+            )
+        except LinkError as error:
+            raise ReplicaUnavailable(f"no answer to ocrd's test page: {error}") from None
+        if answer.status != 200 or answer.data is None:
+            raise ReplicaUnavailable(
+                f"ocrd's test page was answered HTTP {answer.status}: {answer.text[:200]}"
+            )
+        try:
+            text = page_text(answer.data, 0.0, None).text
+        except EngineError as error:
+            raise ReplicaUnavailable(f"ocrd's test page: {error}") from None
+        score = selfcheck.score(text)
+        version = await self._version_of(replica)
+        return SelfCheckResult(
+            passed=score.passed,
+            words_found=score.found,
+            words_expected=score.expected,
+            seconds=time.monotonic() - started,
+            at=time.time(),
+            answer=re.sub(r"\s+", " ", text)[:200],
+            vllm_version=version,
+        )
+
+    @staticmethod
+    async def _version_of(replica: Replica) -> str | None:
+        if replica.vllm_version is not None:
+            return replica.vllm_version()
+        try:
+            answer = await replica.link.get("/version", root=True)
+        except LinkError:
+            return None
+        version = (answer.data or {}).get("version") if answer.status == 200 else None
+        return str(version) if version else None
+
+    def garbled_problem(self, replica: Replica, result: SelfCheckResult) -> str:
+        version = f"vLLM {result.vllm_version}" if result.vllm_version else "its vLLM"
+        return (
+            f"{replica.name} answers but its output is garbled: it read "
+            f"{result.words_found} of {result.words_expected} words of ocrd's test page "
+            f"({version}; it wrote: {result.answer[:80]!r}). "
+            f"{self.what_to_do}"
+        ).strip()

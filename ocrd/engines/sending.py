@@ -1,0 +1,128 @@
+"""Sending one page to one replica, and sorting what came back.
+
+A page answered is text. Otherwise what happened decides what follows (router.py): the
+replica could not be reached or refuses ocrd's key or model (401, 403, 404): it is down and
+the page never got there; the server is full (429): wait and send again; the connection
+broke or the server failed (5xx) and a quick look finds the replica gone: the page was in
+flight at its death (blame.py); the replica still serves: the request failed (the page's
+failure, retried); a page refused as invalid (another 4xx) fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ocrd.domain import PageText
+from ocrd.engines.base import EngineError, ReplicaState
+from ocrd.engines.deepseek import END_OF_SENTENCE
+from ocrd.engines.keepers import REFUSES_US
+from ocrd.engines.link import Dropped, Unreachable
+from ocrd.engines.replica import Replica
+
+
+class Gone(Exception):
+    """The replica died, hung or dropped the connection with the page in flight."""
+
+
+class NeverSent(Exception):
+    """The replica could not be reached or refuses ocrd: the page never got to it."""
+
+
+class Busy(Exception):
+    """429: the server is up but full; wait and send again, no retry spent."""
+
+
+class Failed(Exception):
+    """The replica still serves, but this request failed."""
+
+
+MarkDown = Callable[[Replica, int, str], None]
+
+
+class Sender:
+    """Posts pages; `mark_down(replica, generation, problem)` is told of a replica seen down."""
+
+    def __init__(self, request_timeout: float, mark_down: MarkDown) -> None:
+        self.request_timeout = request_timeout
+        self.mark_down = mark_down
+        self._requests = itertools.count(1)
+
+    async def send(
+        self, replica: Replica, body: dict[str, Any], page: int, generation: int
+    ) -> PageText:
+        started = time.monotonic()
+        request_id = f"ocrd-{next(self._requests)}-page-{page}"
+        try:
+            answer = await replica.link.post(
+                "/chat/completions", body, self.request_timeout, request_id
+            )
+        except Unreachable as error:
+            self.mark_down(replica, generation, str(error))
+            raise NeverSent from None
+        except Dropped as error:
+            raise await self._gone_or_failed(replica, generation, str(error)) from None
+        status = answer.status
+        if status == 200:
+            if answer.data is None:
+                raise Failed(f"{replica.name}: the answer is not JSON: {answer.text[:200]}")
+            return page_text(answer.data, time.monotonic() - started, page)
+        said = f"HTTP {status}: {answer.text[:300]}"
+        if status in REFUSES_US:
+            self.mark_down(replica, generation, f"refuses ocrd's {REFUSES_US[status]} ({said})")
+            raise NeverSent
+        if status == 429:
+            raise Busy(said)
+        if status >= 500:
+            raise await self._gone_or_failed(replica, generation, said)
+        raise EngineError(
+            f"the server at {replica.link.address} refused page {page}: {said}", page, False
+        )
+
+    async def _gone_or_failed(self, replica: Replica, generation: int, problem: str) -> Exception:
+        """After a broken request: did the replica go down (the page was in flight at its
+        death), or does it still serve (the request failed)?"""
+        if await self._still_serves(replica, generation):
+            return Failed(f"{replica.name}: {problem}")
+        self.mark_down(replica, generation, problem)
+        return Gone(f"{replica.name}: {problem}")
+
+    async def confirm(self, replica: Replica, generation: int) -> bool:
+        """Before a page of a death goes again: does the replica it was given still serve?
+        In an outage the replicas die one after another, and ocrd learns of each a moment
+        late: a page cut off by the first death must not be sent into the next one's (it
+        would count as a second death with it, the evidence against a page that kills)."""
+        if await self._still_serves(replica, generation):
+            return True
+        self.mark_down(replica, generation, "it did not answer a look before a page went again")
+        return False
+
+    @staticmethod
+    async def _still_serves(replica: Replica, generation: int) -> bool:
+        if replica.generation != generation or replica.state is not ReplicaState.ready:
+            return False
+        # One look per start, however many of its requests broke at once.
+        confirming = replica.confirming
+        if confirming is None or confirming[0] != generation or confirming[1].done():
+            replica.confirming = (generation, asyncio.ensure_future(replica.keeper.alive()))
+        assert replica.confirming is not None
+        alive = await asyncio.shield(replica.confirming[1])
+        return alive and replica.generation == generation
+
+
+def page_text(answer: dict[str, Any], seconds: float, page: int | None) -> PageText:
+    try:
+        choice = answer["choices"][0]
+        usage = answer.get("usage") or {}
+        return PageText(
+            text=(choice["message"]["content"] or "").replace(END_OF_SENTENCE, ""),
+            finish_reason=str(choice.get("finish_reason") or "abort"),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            seconds=seconds,
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise EngineError(f"the server's answer has no completion: {error!r}", page) from None
