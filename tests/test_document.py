@@ -16,8 +16,9 @@ from conftest import files_under
 
 from ocrd.backoff import Backoff
 from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
-from ocrd.documents import document
-from ocrd.documents.document import DocumentRunner, Route
+from ocrd.documents import settling
+from ocrd.documents.document import DocumentRunner
+from ocrd.documents.route import Route
 from ocrd.domain import (
     DocumentFailed,
     DocumentResult,
@@ -81,7 +82,7 @@ class Setup:
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(document, "STORAGE_RETRY", Backoff(first=0.001, cap=0.001))
+    monkeypatch.setattr(settling, "STORAGE_RETRY", Backoff(first=0.001, cap=0.001))
 
 
 def test_a_converted_document_lands_in_done_with_its_markdown(tmp_path: Path) -> None:

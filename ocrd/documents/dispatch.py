@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ocrd.documents import crashes, failures
-from ocrd.documents.document import DocumentRunner, Route
+from ocrd.documents.document import DocumentRunner
+from ocrd.documents.route import Route
 from ocrd.domain import DocumentFailed, Stage
 from ocrd.files.dropped import printable
 from ocrd.intake.claim import Claim, ClaimLost
