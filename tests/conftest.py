@@ -74,10 +74,14 @@ def _children_of(pid: int) -> set[int]:
     return children
 
 
-def _descendants() -> set[int]:
+def _descendants(beneath_kept: set[int] | None = None) -> set[int]:
+    """pytest's descendants; with `beneath_kept`, those not under one of these processes
+    (what a module's daemon starts while a test runs is the daemon's, not the test's)."""
     found, todo = set(), [os.getpid()]
     while todo:
         for child in _children_of(todo.pop()) - found:
+            if beneath_kept is not None and child in beneath_kept:
+                continue
             found.add(child)
             todo.append(child)
     return found
@@ -110,12 +114,16 @@ def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     them. This comes after the test's own outcome and never replaces it: the next test
     starts on a machine without them."""
     before = _descendants()
+
+    def leftovers() -> set[int]:
+        return _descendants(before | _kept_for_the_session())
+
     yield
     deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
-    left = _descendants() - before - _kept_for_the_session()
+    left = leftovers()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = _descendants() - before - _kept_for_the_session()
+        left = leftovers()
     if not left:
         return
     described = []
