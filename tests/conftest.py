@@ -112,7 +112,8 @@ def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     """After each test (and its other fixtures' teardown), the processes it started that are
     still running get a few seconds to end by themselves, then are killed; a warning names
     them. This comes after the test's own outcome and never replaces it: the next test
-    starts on a machine without them."""
+    starts on a machine without them. (A module's shared daemon is asked for as a
+    parameter, so that it starts before the test does and is not taken for a leftover.)"""
     before = _descendants()
 
     def leftovers() -> set[int]:

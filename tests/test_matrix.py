@@ -323,7 +323,7 @@ def assert_served(run: Run, cell: Cell, want: Expected, event: dict[str, Any]) -
 
 @pytest.mark.parametrize("cell", CELLS, ids=[cell.id for cell in CELLS])
 def test_a_cell_gives_what_the_readme_promises_or_is_refused(
-    request: pytest.FixtureRequest, cell: Cell, tmp_path: Path
+    matrix: Run, cell: Cell, tmp_path: Path
 ) -> None:
     if cell.refused:
         config = write_matrix_config(tmp_path, [cell], "http://127.0.0.1:9/hook")
@@ -331,7 +331,7 @@ def test_a_cell_gives_what_the_readme_promises_or_is_refused(
         assert checked.returncode != 0
         assert cell.refused in checked.stdout + checked.stderr
         return
-    run: Run = request.getfixturevalue("matrix")
+    run = matrix
     made = run.inputs[cell]
     event = finished_event(run, cell, made)
     assert event["outcome"] == "done", event
