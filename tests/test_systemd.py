@@ -1,15 +1,20 @@
-"""The shipped unit, sysusers.d and tmpfiles.d files, checked by systemd's own tools."""
+"""The shipped unit, sysusers.d and tmpfiles.d files, checked by systemd's own tools, and
+`ocrd reload`, the unit's ExecReload=, against a real daemon."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
+from conftest import write_config
 
 SYSTEMD = Path(__file__).resolve().parents[1] / "systemd"
 MAX_EXPOSURE = 3.0
@@ -34,13 +39,27 @@ def unit_with_this_ocrd(tmp_path: Path) -> Path:
     return unit
 
 
-def test_the_unit_verifies_cleanly_and_uses_notify_reload(tmp_path: Path) -> None:
-    version = int(systemd_analyze("--version").stdout.split()[1])
-    assert version >= 253, "Type=notify-reload needs systemd 253 (scripts/install_test_packages.sh)"
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """The [Service] section's settings, each with its values in order."""
+    service = text[text.index("[Service]") : text.index("[Install]")]
+    settings: dict[str, list[str]] = {}
+    for line in service.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+def test_the_unit_verifies_cleanly_and_reloads_through_ocrd_reload(tmp_path: Path) -> None:
+    """Type=notify with ExecReload= works on systemd 249 and newer (notify-reload needs
+    253); tests/test_systemd_boot.py runs it under 252 and 254."""
     result = systemd_analyze("verify", str(unit_with_this_ocrd(tmp_path)))
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "", result.stderr
-    assert "Type=notify-reload" in (SYSTEMD / "ocrd.service").read_text()
+    settings = unit_settings((SYSTEMD / "ocrd.service").read_text())
+    assert settings["Type"] == ["notify"]
+    assert settings["ExecReload"] == ["/opt/ocrd/.venv/bin/ocrd reload --pid $MAINPID"]
+    assert settings["RuntimeDirectory"] == ["ocrd"]
 
 
 def test_the_unit_is_hardened(tmp_path: Path) -> None:
@@ -130,3 +149,68 @@ def test_a_subfolder_someone_makes_in_the_inbox_stays_writable_by_ocrd(tmp_path:
     for folder in (subfolder, deeper):
         assert effective_group_permissions(folder, gid) == "rwx", folder
         assert folder.stat().st_gid == gid and folder.stat().st_mode & 0o2000, folder
+
+
+def ocrd_reload(pid: int, runtime: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`ocrd reload --pid PID` as the unit's ExecReload= runs it (systemd sets
+    RUNTIME_DIRECTORY from RuntimeDirectory=)."""
+    return subprocess.run(
+        [sys.executable, "-m", "ocrd", "reload", "--pid", str(pid), *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RUNTIME_DIRECTORY": str(runtime)},
+    )
+
+
+@pytest.mark.slow
+def test_ocrd_reload_returns_once_the_daemon_reloaded_and_fails_on_a_refused_file(
+    tmp_path: Path, start_daemon
+) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    config = write_config(tmp_path)
+    daemon = start_daemon(config, env={"RUNTIME_DIRECTORY": str(runtime)})
+    [listening] = daemon.wait_for("http.listening")
+    daemon.wait_for("daemon.ready")
+    pid = daemon.process.pid
+    data = yaml.safe_load(config.read_text())
+    (tmp_path / "scans" / "inbox").mkdir(parents=True)
+    data["inboxes"].append({"path": "scans/inbox"})
+    data["engine"]["simulated"]["seconds_per_page"] = 0.01  # needs a restart
+    config.write_text(yaml.safe_dump(data))
+
+    applied = ocrd_reload(pid, runtime)
+
+    assert applied.returncode == 0, applied.stderr
+    assert "reloaded its configuration" in applied.stdout
+    assert "kept until a restart: engine" in applied.stderr
+    # Done when it returns: the daemon already serves the new inbox.
+    report = httpx.get(f"{listening['url']}api/status", timeout=10).json()
+    assert [i["path"] for i in report["inboxes"]] == [
+        str(tmp_path / "data" / "inbox"), str(tmp_path / "scans" / "inbox"),
+    ]  # fmt: skip
+
+    config.write_text(config.read_text().replace("settle_seconds", "settle_secs", 1))
+    refused = ocrd_reload(pid, runtime)
+
+    assert refused.returncode == 1
+    assert "stays in effect" in refused.stderr and "settle_secs" in refused.stderr
+    assert daemon.process.poll() is None
+
+    daemon.process.send_signal(signal.SIGSTOP)  # a daemon that cannot answer
+    try:
+        frozen = ocrd_reload(pid, runtime, "--timeout", "2")
+    finally:
+        daemon.process.send_signal(signal.SIGCONT)
+    assert frozen.returncode == 1 and "did not confirm the reload in 2 s" in frozen.stderr
+    assert daemon.stop() == 0
+
+
+def test_ocrd_reload_outside_systemd_says_how_to_reload() -> None:
+    environment = {k: v for k, v in os.environ.items() if k != "RUNTIME_DIRECTORY"}
+    result = subprocess.run(
+        [sys.executable, "-m", "ocrd", "reload", "--pid", str(os.getpid())],
+        capture_output=True, text=True, timeout=60, env=environment,
+    )  # fmt: skip
+    assert result.returncode == 2 and "kill -HUP" in result.stderr
