@@ -10,7 +10,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 
@@ -250,14 +250,25 @@ def reload(pid: int, timeout: float) -> None:
 
 @main.command("check-config")
 @config_option
-def check_config(config_path: Path | None) -> None:
+@click.option(
+    "--unit",
+    "unit_file",
+    type=click.File("r"),
+    help="The systemd unit ocrd runs under, with its drop-ins: `systemctl cat ocrd` "
+    "(give - to read it from standard input) or systemd/ocrd.service. Each folder its "
+    "sandbox does not let ocrd write is named, with the setting to change.",
+)
+def check_config(config_path: Path | None, unit_file: TextIO | None) -> None:
     """Validate CONFIG and its folders; exit non-zero on any problem."""
     from ocrd.config.checks import check_folders
+    from ocrd.config.sandbox import read_unit, unwritable_folders
 
     if config_path is None:
         raise click.UsageError("--config is required")
     config = _load(config_path)
     problems = check_folders(config, create=False)
+    if unit_file is not None:
+        problems += unwritable_folders(config, read_unit(unit_file.read()))
     for problem in problems:
         click.echo(f"ocrd: {config_path}: {problem}", err=True)
     if problems:

@@ -16,6 +16,9 @@ import pytest
 import yaml
 from conftest import write_config
 
+from ocrd.config import load_config, parse_config
+from ocrd.config.sandbox import read_unit, unwritable_folders
+
 SYSTEMD = Path(__file__).resolve().parents[1] / "systemd"
 MAX_EXPOSURE = 3.0
 
@@ -214,3 +217,63 @@ def test_ocrd_reload_outside_systemd_says_how_to_reload() -> None:
         capture_output=True, text=True, timeout=60, env=environment,
     )  # fmt: skip
     assert result.returncode == 2 and "kill -HUP" in result.stderr
+
+
+def check_config_with_unit(config: Path, unit: str) -> subprocess.CompletedProcess[str]:
+    """`systemctl cat ocrd | ocrd check-config --config FILE --unit -`."""
+    return subprocess.run(
+        [sys.executable, "-m", "ocrd", "check-config", "--config", str(config), "--unit", "-"],
+        input=unit, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_shipped_configuration_uses_only_folders_the_unit_may_write() -> None:
+    config = load_config(SYSTEMD / "ocrd.yaml")
+    assert [str(inbox.path) for inbox in config.inboxes] == ["/srv/ocrd/inbox"]
+    assert unwritable_folders(config, read_unit((SYSTEMD / "ocrd.service").read_text())) == []
+
+
+def test_check_config_names_each_folder_the_unit_cannot_write_and_what_to_change(
+    tmp_path: Path,
+) -> None:
+    """The README's example configuration installed as /etc/ocrd/config.yaml: its relative
+    data folders land in /etc/ocrd/data, read-only under ProtectSystem=strict."""
+    example = yaml.safe_load((Path(__file__).parents[1] / "config.example.yaml").read_text())
+    example["inboxes"][0]["path"] = "/etc/ocrd/data/inbox"  # as data/inbox resolves there
+    example["inboxes"][0]["outbox"] = "/srv/ocrd/outbox"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(example))
+    unit = (SYSTEMD / "ocrd.service").read_text()
+
+    result = check_config_with_unit(config, unit)
+
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if "the unit cannot use it" in line]
+    assert [line.split(": ", 2)[2].split(" (")[0] for line in lines] == [
+        "inbox /etc/ocrd/data/inbox",
+        "done folder /etc/ocrd/data/done",
+        "failed folder /etc/ocrd/data/failed",
+        "work folder /etc/ocrd/data/work",
+    ]  # the outbox under /srv/ocrd is fine
+    assert "(inboxes[0].path): the unit cannot use it (ProtectSystem=strict)" in lines[0]
+    assert "ReadWritePaths=/etc/ocrd/data" in lines[0]
+
+    # The README's drop-in for folders elsewhere (`systemctl cat ocrd` shows it last).
+    drop_in = "\n# /etc/systemd/system/ocrd.service.d/override.conf\n[Service]\n"
+    allowed = check_config_with_unit(config, unit + drop_in + "ReadWritePaths=/etc/ocrd/data\n")
+    assert "the unit cannot use it" not in allowed.stderr, allowed.stderr
+
+
+def test_folders_under_home_or_tmp_are_named_with_the_protect_home_or_private_tmp_fix() -> None:
+    unit = (SYSTEMD / "ocrd.service").read_text()
+    config = parse_config(
+        {"inboxes": [{"path": "/home/scans/inbox"}, {"path": "/tmp/scans/inbox"}]}, Path("/")
+    )
+    lines = unwritable_folders(config, read_unit(unit))
+    assert len(lines) == 10
+    assert "(ProtectHome=yes)" in lines[0] and "ProtectHome=tmpfs with BindPaths=" in lines[0]
+    assert "(PrivateTmp=yes)" in lines[5] and "a /tmp of its own" in lines[5]
+    tmpfs = "[Service]\nProtectHome=tmpfs\nBindPaths=/home/scans\n"
+    assert unwritable_folders(config, read_unit(unit + tmpfs))[0].startswith(
+        "inbox /tmp/scans/inbox"
+    )
