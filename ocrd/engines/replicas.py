@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import secrets
@@ -221,6 +222,19 @@ def vllm_serve_argv(config: VllmConfig, socket: Path, media: Path) -> list[str]:
     return argv
 
 
+def kv_cache_environment(config: VllmConfig) -> dict[str, str]:
+    """VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up) for `vllm.kv_cache_memory_bytes`, for
+    vLLM's CPU backend: 0.18 sizes the KV cache from this variable alone, ignoring
+    kv_cache_memory_bytes, and without it takes half of the machine's memory per engine,
+    so two replicas reserve all of it and are killed for memory once they fill it, pages in
+    flight. Nothing when the setting is unset or the variable is set already; a GPU
+    ignores the variable."""
+    if config.kv_cache_memory_bytes is None or "VLLM_CPU_KVCACHE_SPACE" in os.environ:
+        return {}
+    gib = max(1, math.ceil(config.kv_cache_memory_bytes / 2**30))
+    return {"VLLM_CPU_KVCACHE_SPACE": str(gib)}
+
+
 def _child_environment(key_variable: str, key: str) -> dict[str, str]:
     return {
         key_variable: key,
@@ -248,6 +262,7 @@ def vllm_replicas(config: EngineConfig, groups: list[list[str]], cpu_only: bool)
             # Only its warnings, as for the in-process engine: its per-request chatter
             # would drown ocrd's own events.
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+            **kv_cache_environment(vllm),
         }
         if cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpus[index]
