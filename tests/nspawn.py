@@ -136,13 +136,13 @@ def _remove_stale_tarballs(cache: Path) -> None:
 
 def _build_tarball(script: str, building: Path, partial: Path) -> None:
     try:
-        _run_host(
+        run_host(
             ["bash", "-c", script],
             env={**os.environ, "ROOTFS": str(building), "MIRROR": DEBIAN_MIRROR},
             timeout=900,
             what="building the container's root file system (debootstrap, Debian's mirror)",
         )
-        _run_host(
+        run_host(
             ["tar", "-C", str(building), "--numeric-owner", "--acls", "--xattrs",
              "-I", "gzip -1", "-cf", str(partial), "."],
             timeout=300,
@@ -162,7 +162,7 @@ def unpacked_rootfs(tarball: Path, target: Path) -> Iterator[Path]:
 
 
 def _unpack(tarball: Path, target: Path) -> None:
-    _run_host(
+    run_host(
         ["tar", "-C", str(target), "--numeric-owner", "--acls", "--xattrs", "-xf", str(tarball)],
         timeout=300,
         what=f"unpacking {tarball}",
@@ -277,9 +277,10 @@ def _host_environment() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", GUEST_PATH), "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
 
 
-def _run_host(
+def run_host(
     arguments: list[str], timeout: float, what: str, env: dict[str, str] | None = None
 ) -> None:
+    """A command on the host; AssertionError with its output, saying `what`, if it fails."""
     result = subprocess.run(arguments, capture_output=True, text=True, timeout=timeout, env=env)
     if result.returncode != 0:
         raise AssertionError(

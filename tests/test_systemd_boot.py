@@ -77,12 +77,18 @@ def copy_checkout(target: Path) -> None:
         shutil.copy2(CHECKOUT / name, target / name)
 
 
-def install_ocrd(rootfs: Path, cache: Path) -> list[str]:
+def install_ocrd(rootfs: Path, cache: Path, installed: Path) -> list[str]:
     """The README's venv line, run before booting (it downloads from PyPI; the booted guest
-    has no network); returns the other lines, to run in the booted guest."""
+    has no network); returns the other lines, to run in the booted guest. The venv is the
+    same for every guest (the same Debian, the same Python, /opt/ocrd): the first guest
+    makes it and leaves it in `installed`, a tar file, for the others."""
     lines = readme_install_lines()
     venv_lines = [line for line in lines if " -m venv " in line]
     assert len(venv_lines) == 1 and README_PACKAGE in venv_lines[0], venv_lines
+    if installed.exists():
+        unpack = ["tar", "-C", str(rootfs), "-xf", str(installed)]
+        nspawn.run_host(unpack, 300, f"unpacking {installed}")
+        return [line for line in lines if line not in venv_lines]
     venv_line = venv_lines[0].replace(README_PACKAGE, GUEST_CHECKOUT)
     pip_cache = cache / "pip"
     pip_cache.mkdir(parents=True, exist_ok=True)
@@ -92,12 +98,23 @@ def install_ocrd(rootfs: Path, cache: Path) -> list[str]:
         f"update-ca-certificates >/dev/null 2>&1; cd {GUEST_CHECKOUT} && {venv_line}",
         binds=[(pip_cache, "/root/.cache/pip")],
     )
+    pack = ["tar", "-C", str(rootfs), "-cf", str(installed), "opt/ocrd"]
+    nspawn.run_host(pack, 300, "packing /opt/ocrd")
     return [line for line in lines if line not in venv_lines]
+
+
+@pytest.fixture(scope="session")
+def installed_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the first guest leaves /opt/ocrd for the others (tar)."""
+    return tmp_path_factory.mktemp("ocrd-venv") / "opt-ocrd.tar"
 
 
 @pytest.fixture(scope="module", params=sorted(nspawn.SYSTEMDS))
 def guest(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, corpus: Path
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    corpus: Path,
+    installed_venv: Path,
 ) -> Iterator[Guest]:
     """A booted guest with ocrd installed, enabled and started, the README's way: one for
     each systemd in nspawn.SYSTEMDS, every test of this module run on each in turn."""
@@ -111,7 +128,7 @@ def guest(
         files.mkdir(parents=True)
         shutil.copy2(corpus / "real" / "ocrmypdf__linn.pdf", files / "letter.pdf")
         shutil.copy2(corpus / "real" / "ocrmypdf__multipage.pdf", files / "six-pages.pdf")
-        remaining = install_ocrd(rootfs, cache)
+        remaining = install_ocrd(rootfs, cache, installed_venv)
         with nspawn.booted(rootfs, folder / "console.log") as booted:
             for line in remaining:
                 if "enable --now" in line:  # the shipped configuration, with the simulated engine
