@@ -10,7 +10,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 
@@ -194,12 +194,12 @@ def rerender(
 
 
 @main.command()
-@required_config("The daemon's YAML configuration (for its http.listen address).")
+@required_config("The daemon's YAML configuration (its http.listen address and inboxes).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def status(config_path: Path, as_json: bool) -> None:
-    """Show what a running daemon is doing; exit 1 if it is not ready, 2 if it is not
-    reachable."""
-    from ocrd.web.client import fetch_status, format_status
+    """Show what the daemon serving CONFIG is doing; exit 1 if it is not ready, 2 if it is
+    not reachable, 3 if the daemon answering serves other inboxes than CONFIG lists."""
+    from ocrd.web.client import fetch_status, format_status, other_daemon
 
     config = _load(config_path)
     try:
@@ -208,19 +208,67 @@ def status(config_path: Path, as_json: bool) -> None:
         click.echo(f"ocrd: {error}", err=True)
         sys.exit(2)
     click.echo(report.model_dump_json(indent=2) if as_json else format_status(report))
+    mismatch = other_daemon(report, config)
+    if mismatch is not None:
+        click.echo(f"ocrd: {config_path}: {mismatch}", err=True)
+        sys.exit(3)
     sys.exit(0 if report.ready else 1)
+
+
+@main.command()
+@click.option("--pid", required=True, type=int, help="The daemon's process ($MAINPID).")
+@click.option(
+    "--timeout",
+    type=float,
+    default=100.0,
+    show_default=True,
+    help="Seconds to wait for the daemon to confirm (the unit's TimeoutStartSec= bounds it).",
+)
+def reload(pid: int, timeout: float) -> None:
+    """Reload a daemon and wait until it has: the unit's ExecReload=. Exit 1 if it kept
+    its configuration (the file is invalid) or did not confirm."""
+    from ocrd.notify import ReloadNotConfirmed, reload_and_wait, reload_record_path
+
+    record = reload_record_path()
+    if record is None:
+        raise click.UsageError(
+            "ocrd reload waits for the reload record in $RUNTIME_DIRECTORY, which systemd sets "
+            "for the unit (RuntimeDirectory=ocrd); by hand, send SIGHUP: kill -HUP PID"
+        )
+    try:
+        done = reload_and_wait(pid, record, timeout)
+    except ReloadNotConfirmed as error:
+        click.echo(f"ocrd: {error}", err=True)
+        sys.exit(1)
+    if not done.applied:
+        click.echo(f"ocrd: the configuration in use stays in effect: {done.reason}", err=True)
+        sys.exit(1)
+    for line in done.refused:
+        click.echo(f"ocrd: kept until a restart: {line}", err=True)
+    click.echo(f"ocrd (process {pid}) reloaded its configuration")
 
 
 @main.command("check-config")
 @config_option
-def check_config(config_path: Path | None) -> None:
+@click.option(
+    "--unit",
+    "unit_file",
+    type=click.File("r"),
+    help="The systemd unit ocrd runs under, with its drop-ins: `systemctl cat ocrd` "
+    "(give - to read it from standard input) or systemd/ocrd.service. Each folder its "
+    "sandbox does not let ocrd write is named, with the setting to change.",
+)
+def check_config(config_path: Path | None, unit_file: TextIO | None) -> None:
     """Validate CONFIG and its folders; exit non-zero on any problem."""
     from ocrd.config.checks import check_folders
+    from ocrd.config.sandbox import read_unit, unwritable_folders
 
     if config_path is None:
         raise click.UsageError("--config is required")
     config = _load(config_path)
     problems = check_folders(config, create=False)
+    if unit_file is not None:
+        problems += unwritable_folders(config, read_unit(unit_file.read()))
     for problem in problems:
         click.echo(f"ocrd: {config_path}: {problem}", err=True)
     if problems:

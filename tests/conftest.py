@@ -42,16 +42,24 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model(tmp_path_factory.mktemp("deepseek-ocr2-tiny"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def vllm_cpu_environment() -> Iterator[None]:
-    """vLLM on a 2-core machine: use both cores (it reserves one by default)."""
-    previous = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
-    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    yield
-    if previous is None:
-        os.environ.pop("VLLM_CPU_NUM_OF_RESERVED_CPU", None)
-    else:
-        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = previous
+@pytest.fixture(scope="module", autouse=True)
+def vllm_cpu_environment(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In a module of `vllm` tests, the environment vLLM's CPU backend needs on a 2-core
+    machine, inherited by the engine processes and daemons its tests start: both cores
+    (it reserves one by default), and tcmalloc and Intel's OpenMP preloaded. Other modules
+    run without them."""
+    if request.node.get_closest_marker("vllm") is None:
+        yield
+        return
+    from tiny_model import cpu_preload
+
+    saved = dict(os.environ)  # the in-process engine adds VLLM_CPU_KVCACHE_SPACE too
+    os.environ.update({"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "LD_PRELOAD": cpu_preload()})
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 PR_SET_CHILD_SUBREAPER = 36  # prctl: orphaned descendants are re-parented to this process

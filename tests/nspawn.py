@@ -1,9 +1,10 @@
 """A real systemd, booted as PID 1 in a systemd-nspawn container, for tests of ocrd.service.
 
 The host's PID 1 need not be systemd and the host needs no D-Bus (shared/NOTES.md, "Booting a
-real systemd here"): a Debian bookworm minbase root file system with systemd 254 from
-bookworm-backports (252 lacks Type=notify-reload) is debootstrapped once and kept as a tarball
-in a cache folder keyed by the script that built it; each boot unpacks a fresh copy. The
+real systemd here"): a Debian bookworm minbase root file system with its own systemd 252, and
+one with systemd 254 from bookworm-backports on top of it, are debootstrapped once and kept
+as tarballs in a cache folder keyed by the scripts that built them; each boot unpacks a fresh
+copy. The
 container runs with `--register=no --keep-unit --private-network` in a cgroup of its own, on
 the unified cgroup hierarchy (so that the unit's DevicePolicy= is enforced), and commands
 enter it with `nsenter -a` at its systemd's PID.
@@ -39,13 +40,21 @@ GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 HOST_LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 
-# Run by bash with ROOTFS and MIRROR set. Its text is the cache key: change it and the next
-# run builds afresh.
-ROOTFS_SCRIPT = r"""
+# Each systemd a test boots: the scripts that build its root file system, run by bash with
+# ROOTFS and MIRROR set, each on top of the previous one's result. Their text is the cache
+# key: change one and the next run builds afresh. The stock bookworm root is built once and
+# is the base of the backports one.
+DEBIAN_12 = r"""
 set -euo pipefail
 debootstrap --variant=minbase \
-  --include=systemd,systemd-sysv,dbus,python3,python3-venv,procps,ca-certificates \
+  --include=systemd,systemd-sysv,dbus,python3,python3-venv,procps,ca-certificates,acl \
   bookworm "$ROOTFS" "$MIRROR"
+chroot "$ROOTFS" apt-get clean
+# A console login prompt is of no use to a test and only fills the console log.
+chroot "$ROOTFS" systemctl mask console-getty.service
+"""
+BACKPORTS_SYSTEMD = r"""
+set -euo pipefail
 cat > "$ROOTFS/etc/apt/sources.list.d/backports.sources" <<SOURCES
 Types: deb
 URIs: $MIRROR
@@ -55,12 +64,15 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SOURCES
 chroot "$ROOTFS" apt-get update -q
 chroot "$ROOTFS" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-  --no-install-recommends -t bookworm-backports systemd systemd-sysv acl
+  --no-install-recommends -t bookworm-backports systemd systemd-sysv
 chroot "$ROOTFS" apt-get clean
 rm -rf "$ROOTFS"/var/lib/apt/lists/*
-# A console login prompt is of no use to a test and only fills the console log.
-chroot "$ROOTFS" systemctl mask console-getty.service
 """
+# Debian 12's own systemd (252, as on Debian 12 and RHEL 9 servers), and a newer one.
+SYSTEMDS = {
+    "252": (DEBIAN_12,),
+    "254": (DEBIAN_12, BACKPORTS_SYSTEMD),
+}
 
 
 class GuestCommandFailed(AssertionError):
@@ -85,33 +97,52 @@ def cache_folder() -> Path:
     return Path(base) / "ocrd-tests"
 
 
-def rootfs_tarball(cache: Path) -> Path:
-    """The tarball of the bootable root file system, built (about a minute) when missing."""
-    key = hashlib.sha256(ROOTFS_SCRIPT.encode()).hexdigest()[:16]
+def rootfs_tarball(cache: Path, systemd: str) -> Path:
+    """The tarball of a bootable root file system with this systemd, built (a minute or
+    two) when missing, on top of the tarball of its base."""
+    return _tarball(cache, SYSTEMDS[systemd])
+
+
+def _tarball(cache: Path, scripts: tuple[str, ...]) -> Path:
+    key = hashlib.sha256("\0".join(scripts).encode()).hexdigest()[:16]
     tarball = cache / f"rootfs-bookworm-{key}.tar.gz"
     if tarball.exists():
         return tarball
+    base = _tarball(cache, scripts[:-1]) if len(scripts) > 1 else None
     cache.mkdir(parents=True, exist_ok=True)
     partial = tarball.with_name(tarball.name + f".{os.getpid()}.part")
-    with tmpfs(cache / f"build-{os.getpid()}", ROOTFS_TMPFS_SIZE) as building:
-        _build_tarball(building, partial)
-    (cache / f"build-{os.getpid()}").rmdir()
+    building = cache / f"build-{os.getpid()}"
+    with tmpfs(building, ROOTFS_TMPFS_SIZE):
+        if base is not None:
+            _unpack(base, building)
+        _build_tarball(scripts[-1], building, partial)
+    building.rmdir()
     partial.rename(tarball)
-    for stale in cache.glob("rootfs-bookworm-*.tar.gz"):
-        if stale != tarball:
-            stale.unlink(missing_ok=True)
+    _remove_stale_tarballs(cache)
     return tarball
 
 
-def _build_tarball(building: Path, partial: Path) -> None:
+def _remove_stale_tarballs(cache: Path) -> None:
+    """Tarballs that no script in SYSTEMDS makes any more."""
+    keys = {
+        hashlib.sha256("\0".join(scripts[:n]).encode()).hexdigest()[:16]
+        for scripts in SYSTEMDS.values()
+        for n in range(1, len(scripts) + 1)
+    }
+    for tarball in cache.glob("rootfs-bookworm-*.tar.gz"):
+        if tarball.name.removeprefix("rootfs-bookworm-").removesuffix(".tar.gz") not in keys:
+            tarball.unlink(missing_ok=True)
+
+
+def _build_tarball(script: str, building: Path, partial: Path) -> None:
     try:
-        _run_host(
-            ["bash", "-c", ROOTFS_SCRIPT],
+        run_host(
+            ["bash", "-c", script],
             env={**os.environ, "ROOTFS": str(building), "MIRROR": DEBIAN_MIRROR},
             timeout=900,
             what="building the container's root file system (debootstrap, Debian's mirror)",
         )
-        _run_host(
+        run_host(
             ["tar", "-C", str(building), "--numeric-owner", "--acls", "--xattrs",
              "-I", "gzip -1", "-cf", str(partial), "."],
             timeout=300,
@@ -131,7 +162,7 @@ def unpacked_rootfs(tarball: Path, target: Path) -> Iterator[Path]:
 
 
 def _unpack(tarball: Path, target: Path) -> None:
-    _run_host(
+    run_host(
         ["tar", "-C", str(target), "--numeric-owner", "--acls", "--xattrs", "-xf", str(tarball)],
         timeout=300,
         what=f"unpacking {tarball}",
@@ -246,9 +277,10 @@ def _host_environment() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", GUEST_PATH), "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
 
 
-def _run_host(
+def run_host(
     arguments: list[str], timeout: float, what: str, env: dict[str, str] | None = None
 ) -> None:
+    """A command on the host; AssertionError with its output, saying `what`, if it fails."""
     result = subprocess.run(arguments, capture_output=True, text=True, timeout=timeout, env=env)
     if result.returncode != 0:
         raise AssertionError(

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from conftest import wait_until, write_config
-from fleet import StandInFleetServer
+from fleet import StandInFleetServer, free_port
 from helpers import make_pdf
 
 pytestmark = pytest.mark.slow
@@ -126,6 +127,34 @@ def test_an_unreachable_fleet_shows_in_readiness_and_in_ocrd_status(
         fleet.stop()
     gone = run_ocrd_status(config)
     assert gone.returncode == 2 and "no ocrd answers" in gone.stderr
+
+
+def test_ocrd_status_says_when_the_daemon_answering_serves_another_configuration(
+    tmp_path: Path, start_daemon
+) -> None:
+    ours = write_config(tmp_path / "ours", http={"listen": f"127.0.0.1:{free_port()}"})
+    daemon = start_daemon(ours)
+    daemon.wait_for("daemon.ready")
+    assert run_ocrd_status(ours).returncode == 0
+    # Another configuration on the same address: its daemon never started, ours answers.
+    theirs = tmp_path / "theirs" / "config.yaml"
+    (tmp_path / "theirs" / "data" / "inbox").mkdir(parents=True)
+    theirs.write_text(ours.read_text())
+
+    other = run_ocrd_status(theirs)
+
+    assert other.returncode == 3, other
+    assert "is not this configuration's" in other.stderr
+    assert str(tmp_path / "ours" / "data" / "inbox") in other.stderr
+    assert str(tmp_path / "theirs" / "data" / "inbox") in other.stderr
+    # The same file with an inbox added but not reloaded: the daemon lags behind it.
+    data = yaml.safe_load(ours.read_text())
+    data["inboxes"].append({"path": "more/inbox"})
+    ours.write_text(yaml.safe_dump(data))
+    changed = run_ocrd_status(ours)
+    assert changed.returncode == 3 and "systemctl reload ocrd" in changed.stderr
+    assert f"not served: {tmp_path / 'ours' / 'more' / 'inbox'}" in changed.stderr
+    assert daemon.stop() == 0
 
 
 def run_ocrd_status(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:

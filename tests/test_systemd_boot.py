@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ GUEST_CHECKOUT = "/usr/local/src/ocrd"
 GUEST_FILES = "/usr/local/share/ocrd-test"
 README_PACKAGE = "'/path/to/ocrd[vllm]'"  # [vllm] pulls CUDA torch: not in a GPU-less guest
 TEST_WATCHDOG = "[Service]\nWatchdogSec=10s\nRestartSec=1s\n"
+OCRD = "/opt/ocrd/.venv/bin/ocrd"
 
 
 def readme_install_lines() -> list[str]:
@@ -47,20 +49,22 @@ def readme_install_lines() -> list[str]:
     assert block, "README.md: no sh block in 'Running as a systemd unit'"
     lines: list[str] = []
     for line in block.group(1).splitlines():
-        lines.append(line.replace("sudo ", ""))
+        lines.append(line.replace("sudo -u ocrd ", "runuser -u ocrd -- ").replace("sudo ", ""))
         if "enable --now ocrd" in line:
             return lines
     raise AssertionError("README.md: the install block has no `systemctl enable --now ocrd`")
 
 
-def guest_config(inboxes: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump(
-        {
-            "inboxes": [{"settle_seconds": 1, **inbox} for inbox in inboxes],
-            "engine": {"kind": "simulated", "simulated": {"seconds_per_page": 0.5, "capacity": 1}},
-            "pipeline": {"shutdown_grace_seconds": 2, "rescan_interval_seconds": 5},
-        }
-    )
+def guest_config(*more_inboxes: str) -> str:
+    """The shipped systemd/ocrd.yaml with the simulated engine, quicker settling and
+    draining, and more inboxes if given."""
+    config = yaml.safe_load((CHECKOUT / "systemd" / "ocrd.yaml").read_text())
+    config["inboxes"] += [{"path": path} for path in more_inboxes]
+    for inbox in config["inboxes"]:
+        inbox["settle_seconds"] = 1
+    config["engine"] = {"kind": "simulated", "simulated": {"seconds_per_page": 0.5, "capacity": 1}}
+    config["pipeline"] = {"shutdown_grace_seconds": 2, "rescan_interval_seconds": 5}
+    return yaml.safe_dump(config)
 
 
 def copy_checkout(target: Path) -> None:
@@ -73,12 +77,18 @@ def copy_checkout(target: Path) -> None:
         shutil.copy2(CHECKOUT / name, target / name)
 
 
-def install_ocrd(rootfs: Path, cache: Path) -> list[str]:
+def install_ocrd(rootfs: Path, cache: Path, installed: Path) -> list[str]:
     """The README's venv line, run before booting (it downloads from PyPI; the booted guest
-    has no network); returns the other lines, to run in the booted guest."""
+    has no network); returns the other lines, to run in the booted guest. The venv is the
+    same for every guest (the same Debian, the same Python, /opt/ocrd): the first guest
+    makes it and leaves it in `installed`, a tar file, for the others."""
     lines = readme_install_lines()
     venv_lines = [line for line in lines if " -m venv " in line]
     assert len(venv_lines) == 1 and README_PACKAGE in venv_lines[0], venv_lines
+    if installed.exists():
+        unpack = ["tar", "-C", str(rootfs), "-xf", str(installed)]
+        nspawn.run_host(unpack, 300, f"unpacking {installed}")
+        return [line for line in lines if line not in venv_lines]
     venv_line = venv_lines[0].replace(README_PACKAGE, GUEST_CHECKOUT)
     pip_cache = cache / "pip"
     pip_cache.mkdir(parents=True, exist_ok=True)
@@ -88,30 +98,41 @@ def install_ocrd(rootfs: Path, cache: Path) -> list[str]:
         f"update-ca-certificates >/dev/null 2>&1; cd {GUEST_CHECKOUT} && {venv_line}",
         binds=[(pip_cache, "/root/.cache/pip")],
     )
+    pack = ["tar", "-C", str(rootfs), "-cf", str(installed), "opt/ocrd"]
+    nspawn.run_host(pack, 300, "packing /opt/ocrd")
     return [line for line in lines if line not in venv_lines]
 
 
-@pytest.fixture(scope="module")
-def guest(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Iterator[Guest]:
-    """A booted guest with ocrd installed, enabled and started, the README's way."""
+@pytest.fixture(scope="session")
+def installed_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the first guest leaves /opt/ocrd for the others (tar)."""
+    return tmp_path_factory.mktemp("ocrd-venv") / "opt-ocrd.tar"
+
+
+@pytest.fixture(scope="module", params=sorted(nspawn.SYSTEMDS))
+def guest(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    corpus: Path,
+    installed_venv: Path,
+) -> Iterator[Guest]:
+    """A booted guest with ocrd installed, enabled and started, the README's way: one for
+    each systemd in nspawn.SYSTEMDS, every test of this module run on each in turn."""
     nspawn.require_host_tools()
     cache = nspawn.cache_folder()
-    tarball = nspawn.rootfs_tarball(cache)
-    folder = tmp_path_factory.mktemp("systemd-boot")
+    tarball = nspawn.rootfs_tarball(cache, request.param)
+    folder = tmp_path_factory.mktemp(f"systemd-{request.param}")
     with nspawn.unpacked_rootfs(tarball, folder / "rootfs") as rootfs:
         copy_checkout(rootfs / GUEST_CHECKOUT.lstrip("/"))
         files = rootfs / GUEST_FILES.lstrip("/")
         files.mkdir(parents=True)
         shutil.copy2(corpus / "real" / "ocrmypdf__linn.pdf", files / "letter.pdf")
         shutil.copy2(corpus / "real" / "ocrmypdf__multipage.pdf", files / "six-pages.pdf")
-        remaining = install_ocrd(rootfs, cache)
+        remaining = install_ocrd(rootfs, cache, installed_venv)
         with nspawn.booted(rootfs, folder / "console.log") as booted:
             for line in remaining:
-                if "enable --now" in line:
-                    # The README says: set path: /srv/ocrd/inbox (here also the simulated engine).
-                    booted.path("/etc/ocrd/config.yaml").write_text(
-                        guest_config([{"path": "/srv/ocrd/inbox"}])
-                    )
+                if "enable --now" in line:  # the shipped configuration, with the simulated engine
+                    booted.path("/etc/ocrd/config.yaml").write_text(guest_config())
                 booted.sh(f"cd {GUEST_CHECKOUT} && {line}")
             yield booted
 
@@ -150,7 +171,14 @@ def wait_for_file(guest: Guest, guest_path: str, timeout: float = 60) -> Path:
     return path
 
 
-def test_the_unit_comes_up_active_with_the_readme_install(guest: Guest) -> None:
+def test_the_unit_comes_up_active_with_the_readme_install(
+    guest: Guest, request: pytest.FixtureRequest
+) -> None:
+    version = guest.sh("systemctl --version").split()[1]
+    assert f"[{version}]" in request.node.name, version  # the systemd this run is about
+    verified = guest.run("systemd-analyze", "verify", "/etc/systemd/system/ocrd.service")
+    assert verified.stderr.strip() == "", verified.stderr
+    assert guest.unit("ocrd", "Type")["Type"] == "notify"
     current = state(guest)
     assert current["ActiveState"] == "active" and current["SubState"] == "running", current
     assert guest.sh("systemctl is-enabled ocrd").strip() == "enabled"
@@ -196,29 +224,50 @@ def test_the_daemon_may_open_65536_files_or_as_many_as_the_machine_allows(guest:
     assert open_files_limits(guest, pid) == (min(65536, ceiling),) * 2
 
 
-def test_systemctl_reload_rereads_the_configuration_and_watches_a_new_inbox(guest: Guest) -> None:
+def ocrd_status(guest: Guest) -> subprocess.CompletedProcess[str]:
+    return guest.run(OCRD, "status", "--config", "/etc/ocrd/config.yaml", check=False)
+
+
+def test_systemctl_reload_returns_once_the_new_configuration_is_served(guest: Guest) -> None:
     pid = ensure_running(guest)
     guest.run("install", "-d", "-o", "ocrd", "-g", "ocrd", "-m", "2775",
               "/srv/ocrd/reports", "/srv/ocrd/reports/inbox")
     guest.path("/etc/ocrd/config.yaml").write_text(
-        guest_config([{"path": "/srv/ocrd/inbox"}, {"path": "/srv/ocrd/reports/inbox"}])
+        guest_config("/srv/ocrd/reports/inbox")
     )
+    assert ocrd_status(guest).returncode == 3  # the file lists an inbox not served yet
     reloads_before = guest.journal("ocrd").count("Reloaded ocrd.service")
 
     guest.run("systemctl", "reload", "ocrd")
 
+    served = ocrd_status(guest)  # at once: systemctl waited for the reload to be done
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert "inbox /srv/ocrd/reports/inbox: 0 waiting" in served.stdout, served.stdout
     current = state(guest)
     assert current["ActiveState"] == "active" and int(current["MainPID"]) == pid, current
     journal = guest.journal("ocrd")
     assert "Reloading ocrd.service" in journal, journal[-3000:]
     assert journal.count("Reloaded ocrd.service") == reloads_before + 1, journal[-3000:]
-    assert any(
-        "/srv/ocrd/reports/inbox" in str(event.get("added"))
-        for event in ocrd_events(guest, "config.reloaded")
-    ), journal[-3000:]
     guest.run("cp", f"{GUEST_FILES}/letter.pdf", "/srv/ocrd/reports/inbox/report.pdf")
     assert wait_for_file(guest, "/srv/ocrd/reports/outbox/report.md").read_text().strip()
     assert guest.path("/srv/ocrd/reports/done/report.pdf").exists()
+
+
+def test_a_refused_configuration_fails_systemctl_reload_and_ocrd_serves_on(guest: Guest) -> None:
+    pid = ensure_running(guest)
+    config = guest.path("/etc/ocrd/config.yaml")
+    good = config.read_text()
+    config.write_text(good.replace("settle_seconds", "settle_secs", 1))
+    try:
+        refused = guest.run("systemctl", "reload", "ocrd", check=False)
+    finally:
+        config.write_text(good)
+    assert refused.returncode != 0, refused
+    current = state(guest)
+    assert current["ActiveState"] == "active" and int(current["MainPID"]) == pid, current
+    journal = guest.journal("ocrd")
+    assert "the configuration in use stays in effect" in journal and "settle_secs" in journal
+    assert ocrd_events(guest, "config.reload_failed"), journal[-3000:]
 
 
 def test_a_frozen_daemon_is_restarted_by_the_watchdog(guest: Guest) -> None:

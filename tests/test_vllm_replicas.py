@@ -81,7 +81,15 @@ def test_ocrd_run_with_two_vllm_replicas_converts_documents(
     config.write_text(
         yaml.safe_dump(
             {
-                "inboxes": [{"path": "data/inbox", "settle_seconds": 0.5, "max_image_side": 768}],
+                "inboxes": [
+                    {
+                        "path": "data/inbox",
+                        "settle_seconds": 0.5,
+                        "max_image_side": 768,
+                        # random weights never stop: a second try of each page is no test
+                        "retry_unfinished": False,
+                    }
+                ],
                 "engine": {**section, "supervision": SUPERVISION},
                 "pipeline": {"status_interval_seconds": 1},
                 "http": {"listen": "127.0.0.1:0"},
@@ -121,6 +129,11 @@ def test_a_documents_pages_spread_over_two_vllm_replicas(running: Running, tmp_p
         environment = psutil.Process(replica.pid).environ()
         assert environment["CUDA_VISIBLE_DEVICES"] == replica.device
         assert environment["VLLM_CPU_OMP_THREADS_BIND"] == replica.device
+        # vLLM 0.18's CPU backend sizes its KV cache from this variable alone (half of
+        # the machine's memory without it); and its CPU worker starts only with these.
+        assert environment["VLLM_CPU_KVCACHE_SPACE"] == "1"  # kv_cache_memory_bytes: 1 GiB
+        assert "libtcmalloc" in environment["LD_PRELOAD"]
+        assert "libiomp5" in environment["LD_PRELOAD"]
     pages = rendered_document(engine, tmp_path, 4)
     before = [f.pages_done for f in facts]
 

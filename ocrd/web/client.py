@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from ocrd.config import HttpConfig
+from ocrd.config import Config, HttpConfig
 from ocrd.status import InstanceStatus, StatusReport
 
 TIMEOUT_SECONDS = 5.0
@@ -31,6 +31,32 @@ def fetch_status(config: HttpConfig) -> StatusReport:
     if response.status_code not in (200, 503):
         raise OSError(f"{url} answered HTTP {response.status_code}")
     return StatusReport.model_validate_json(response.content)
+
+
+def other_daemon(report: StatusReport, config: Config) -> str | None:
+    """Why the daemon that answered is not the one serving `config`, or None if it serves
+    exactly its inboxes (also None while it loads: it lists no inboxes yet)."""
+    if report.engine_state == "loading" and not report.inboxes:
+        return None
+    served = {inbox.path for inbox in report.inboxes}
+    configured = {str(inbox.path) for inbox in config.inboxes}
+    if served == configured:
+        return None
+    where = config.http.url
+    if served & configured:
+        missing, extra = sorted(configured - served), sorted(served - configured)
+        return (
+            f"the daemon at {where} serves other inboxes than this configuration lists "
+            f"(not served: {', '.join(missing) or 'none'}; served but not listed: "
+            f"{', '.join(extra) or 'none'}): if the file was changed, reload the daemon "
+            "(systemctl reload ocrd)"
+        )
+    return (
+        f"the daemon at {where} is not this configuration's: it serves "
+        f"{', '.join(sorted(served)) or 'no inboxes'}, this configuration lists "
+        f"{', '.join(sorted(configured))}; another ocrd answers on http.listen "
+        f"{config.http.listen} (give each configuration its own http.listen)"
+    )
 
 
 def _duration(seconds: float | None) -> str:
