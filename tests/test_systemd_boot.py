@@ -230,8 +230,10 @@ def ocrd_status(guest: Guest) -> subprocess.CompletedProcess[str]:
 
 def test_systemctl_reload_returns_once_the_new_configuration_is_served(guest: Guest) -> None:
     pid = ensure_running(guest)
-    guest.run("install", "-d", "-o", "ocrd", "-g", "ocrd", "-m", "2775",
-              "/srv/ocrd/reports", "/srv/ocrd/reports/inbox")
+    # Laid out as ocrd.tmpfiles lays out /srv/ocrd: only the shared inbox is the group's
+    # (a work area beneath a group-writable folder is refused).
+    guest.run("install", "-d", "-o", "ocrd", "-g", "ocrd", "-m", "0755", "/srv/ocrd/reports")
+    guest.run("install", "-d", "-o", "ocrd", "-g", "ocrd", "-m", "2775", "/srv/ocrd/reports/inbox")
     guest.path("/etc/ocrd/config.yaml").write_text(
         guest_config("/srv/ocrd/reports/inbox")
     )
