@@ -5,7 +5,7 @@ announce readiness, serve, and on the way out drain and stop the parts in revers
 through one exit stack (the leases are given up once the documents have drained).
 
 What the daemon serves with (the main loop, reloading, the status report) is
-`ocrd/service.py`; what happens to one document is `ocrd/document.py`.
+`ocrd/service.py`; what happens to one document is `ocrd/documents/document.py`.
 
 Exit status: 0 after SIGTERM or SIGINT; 70 when the engine died or the main loop met an
 unexpected error (systemd restarts the unit); 78 when the configuration or a folder is

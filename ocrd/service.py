@@ -7,7 +7,7 @@ systemd's watchdog pinged (from this loop only, so a stuck loop stops the pings)
 asks for a reload, which the next tick applies. The status report is put together from
 the parts that own each fact.
 
-Beside the loop, this daemon's leases are kept in the background (`ocrd/instances.py`);
+Beside the loop, this daemon's leases are kept in the background (`ocrd/intake/instances.py`);
 the service is told when one is lost (its documents are stopped), taken anew (its claims
 left are recovered) or brings claims over from a daemon that died (they are dispatched).
 """
@@ -197,7 +197,7 @@ class Service:
             self.log.info("inbox.removed", inbox=str(path), files_left_unclaimed=unclaimed)
 
     def apply_pipeline_settings(self) -> None:
-        """The pipeline settings that take effect while running (see ocrd/reload.py)."""
+        """The pipeline settings that take effect while running (see ocrd/config/reload.py)."""
         settings = self.config.pipeline
         self.follow_engine_capacity()
         self.pipeline.page_retries = settings.page_retries

@@ -1,6 +1,7 @@
-"""Leases on a shared work area by themselves (`ocrd/leases.py`, `ocrd/instances.py`): real
-files and folders, real processes racing; lease ages set by giving a lease file an older
-modification time, which is all a lease's age is. Milliseconds each, but for the FUSE share."""
+"""Leases on a shared work area by themselves (`ocrd/intake/leases.py`,
+`ocrd/intake/instances.py`): real files and folders, real processes racing; lease ages set
+by giving a lease file an older modification time, which is all a lease's age is.
+Milliseconds each, but for the FUSE share."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ back in its task's done-callback, which runs on every path (done, failed, cancel
 its first step).
 
 Nothing of an inbox is claimed or started while this daemon does not hold its lease on the
-inbox's work area (`ocrd/instances.py`); when the lease is lost, `give_up` stops that
+inbox's work area (`ocrd/intake/instances.py`); when the lease is lost, `give_up` stops that
 inbox's documents and drops its recovered claims from the line. Where other daemons serve
 the inbox too, a daemon claims a new file only while few of its documents wait for the
 engine: a file it claimed and could not start soon would wait for it while another daemon

@@ -3,7 +3,7 @@
 Pages go to the engine one by one as soon as they are rendered, so the engine's continuous
 batching sees pages from every document in flight. A page holds a slot of the shared page
 budget from before it is rendered until the engine has answered; slots go to documents by
-the schedule in `ocrd/schedule.py`, which lets a short document past a long one. A slot is
+the schedule in `ocrd/documents/schedule.py`, which lets a short document past a long one. A slot is
 given back in its page task's done-callback, which runs on every path, also for a task
 cancelled before its first step. Results come back in page order.
 """

@@ -1,6 +1,6 @@
 """CPU OCR with RapidOCR (PP-OCR models in ONNX, shipped inside the wheel; no GPU, no network).
 
-RapidOCR finds text lines; `ocrd/lines.py` puts them back into rows, paragraphs and headings
+RapidOCR finds text lines; `ocrd/text/lines.py` puts them back into rows, paragraphs and headings
 in reading order as Markdown, so both engines give the outbox the same kind of file.
 """
 

@@ -29,7 +29,7 @@ _LEGACY_TEMPORARY = re.compile(r"^\.ocrd-\d+-[0-9a-f]{8}\.tmp$")  # an older ocr
 
 def writer() -> str:
     """Who writes this process's temporaries: its instance name (`OCRD_INSTANCE`, or the
-    host name; see `ocrd/instances.py`), kept to safe characters."""
+    host name; see `ocrd/intake/instances.py`), kept to safe characters."""
     name = os.environ.get("OCRD_INSTANCE") or socket.gethostname()
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "ocrd"
 

@@ -2,7 +2,7 @@
 
 People with a simplex scanner scan a stack's fronts, turn it over and scan the backs. In an
 inbox with `collate: true` the first file that is ready waits as the fronts; the next one
-ready within `collate_window_seconds` is its backs (in reverse order; `ocrd/sources.py`
+ready within `collate_window_seconds` is its backs (in reverse order; `ocrd/documents/sources.py`
 interleaves them). A fronts file still alone when the window ends is a document of its own,
 and the log says so.
 """

@@ -7,7 +7,7 @@ with their fix until someone fixes them). `collect` turns what became ready into
 the dispatcher; adding an inbox also takes up the claims an earlier run left in its work
 area.
 
-Several daemons may serve one inbox (`ocrd/instances.py`): each holds a lease on the work
+Several daemons may serve one inbox (`ocrd/intake/instances.py`): each holds a lease on the work
 area and keeps its claims in its own folder there; adding an inbox takes the lease first.
 Claims taken over from a daemon that died, or this daemon's own claims after it took a new
 lease, become jobs here too.

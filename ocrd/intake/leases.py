@@ -34,7 +34,7 @@ request that says "no such file" although it was done counts as done, `files.py`
 claims; and every lease is opened before it is judged, which makes an NFS client fetch its
 attributes afresh rather than trust its cache.
 
-Everything here blocks: the daemon calls it in a thread (`ocrd/instances.py`).
+Everything here blocks: the daemon calls it in a thread (`ocrd/intake/instances.py`).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def _held(
     files: Sequence[tuple[Path, InputFormat]], root: Path | None
 ) -> Iterator[list[tuple[Path, InputFormat]]]:
     """The input files opened once, never through a link and only if regular
-    (`ocrd/dropped.py`), and named by their descriptors from then on."""
+    (`ocrd/files/dropped.py`), and named by their descriptors from then on."""
     descriptors: list[int] = []
     names: dict[str, str] = {}
     try:
@@ -344,10 +344,10 @@ def write_searchable_pdf(
     links into place; fsynced here, removed again on failure). Blocking; run it in a render
     worker process.
 
-    `files` and `page_order` are what `ocrd/sources.py` gives (each file with its format;
+    `files` and `page_order` are what `ocrd/documents/sources.py` gives (each file with its format;
     (file index, page in file) for each document page in reading order); `pages` the
     document's recognised pages in the same order; `passwords` those of the inbox, for
-    encrypted PDFs. With `archive`, the file is PDF/A-2b (see `ocrd/pdfa.py`); where that
+    encrypted PDFs. With `archive`, the file is PDF/A-2b (see `ocrd/output/pdfa.py`); where that
     cannot be, SearchablePdfError with the validator's findings."""
     if len(pages) != len(page_order):
         raise SearchablePdfError(

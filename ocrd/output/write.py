@@ -255,7 +255,7 @@ def write_parts(
 ) -> list[Path]:
     """The document's outputs at `markdown`, or for a document split at separator sheets
     each part's at `<stem>-1.md`, `<stem>-2.md`, ... (`ocrd convert` and `ocrd rerender`;
-    the daemon plans its names in `ocrd/settle.py`)."""
+    the daemon plans its names in `ocrd/output/settle.py`)."""
     parts = result.parts()
     targets = [markdown] if len(parts) == 1 else [
         part_markdown(markdown, k) for k in range(1, len(parts) + 1)

@@ -173,9 +173,10 @@ class RenderWorker:
         page = getattr(request, "page", None)
         limit = seconds or self.limits.page_timeout_seconds
         try:
-            await asyncio.wait_for(  # starting a process is not the document's time
-                loop.run_in_executor(self._thread, self.ensure_started), WORKER_START_SECONDS
-            )
+            if not self._running():  # starting a process is not the document's time
+                await asyncio.wait_for(
+                    loop.run_in_executor(self._thread, self.ensure_started), WORKER_START_SECONDS
+                )
             answer = await asyncio.wait_for(
                 loop.run_in_executor(self._thread, self._call, request), timeout=limit
             )
@@ -197,6 +198,15 @@ class RenderWorker:
         if not isinstance(answer, reply):
             raise TypeError(f"a renderer answered {type(answer).__name__} to {request!r}")
         return answer
+
+    def _running(self) -> bool:
+        """Whether the child looks ready, seen from the event loop: then a request goes
+        straight to `_call` (one thread hop, not two). Should the child die meanwhile,
+        `_call` starts another within the request's own time limit."""
+        process = self._process
+        return process is not None and self._conn is not None and not self._killed and (
+            process.is_alive()
+        )
 
     async def open_source(self, key: SourceKey) -> int:
         """Open a source here (its page count): its first request's time limit is for

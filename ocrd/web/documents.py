@@ -185,7 +185,7 @@ class _Claimed:
 
 
 def _claim_folders(work: Path) -> Iterator[Path]:
-    """The claim folders in a work area: in each daemon's folder (`ocrd/instances.py`),
+    """The claim folders in a work area: in each daemon's folder (`ocrd/intake/instances.py`),
     and those an older ocrd kept directly in the work folder."""
     for entry in _listed(work):
         if (entry / STATE_FILE).exists():
