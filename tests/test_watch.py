@@ -57,17 +57,23 @@ def test_include_ignore_and_recursion(tmp_path: Path) -> None:
 
 
 async def collect_ready(config: InboxConfig, actions, seconds: float) -> list[Path]:
-    """Run a real watcher and settle tracker while `actions` changes the inbox."""
+    """Run a real watcher and settle tracker while `actions` changes the inbox; what is
+    ready is taken out of the inbox at once, as the daemon claims it (a later look at the
+    inbox, say for a folder moved in, must not find it again)."""
     loop = asyncio.get_running_loop()
     tracker = QuietTracker(config)
     watcher = InboxWatcher(config, loop, tracker.observe)
     ready: list[Path] = []
+    claimed = config.path.parent / "claimed"
+    claimed.mkdir()
     await watcher.start()
     try:
 
         async def tick() -> None:
             while True:
-                ready.extend(r.path for r in look(tracker))
+                for found in look(tracker):
+                    ready.append(found.path)
+                    os.rename(found.path, claimed / str(len(ready)))
                 await asyncio.sleep(0.1)
 
         ticker = asyncio.create_task(tick())

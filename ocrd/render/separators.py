@@ -227,7 +227,7 @@ def _percentile(histogram: list[int], share: float) -> int:
     return int(np.searchsorted(counts, share * counts[-1]))
 
 
-def _band_has_pattern(band: np.ndarray, units: tuple[float, float]) -> bool:
+def _band_has_pattern(band: np.ndarray[Any, Any], units: tuple[float, float]) -> bool:
     """Whether enough neighbouring scanlines of an edge band (rows: scanlines along the
     edge, columns: from the edge inward) read PATCH T at one place and size."""
     lines, depth = band.shape
@@ -250,7 +250,7 @@ def _band_has_pattern(band: np.ndarray, units: tuple[float, float]) -> bool:
     return bool(length >= PATCH_MIN_LENGTH * unit and cover >= PATCH_MIN_COVER)
 
 
-def _pattern_hits(lines: np.ndarray, units: tuple[float, float]) -> np.ndarray:
+def _pattern_hits(lines: np.ndarray[Any, Any], units: tuple[float, float]) -> np.ndarray[Any, Any]:
     """Where scanlines read the PATCH-T elements with paper before and after: rows of
     (scanline, offset from the edge in pixels, unit in pixels); all scanlines at once."""
     count, depth = lines.shape
