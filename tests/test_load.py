@@ -4,8 +4,10 @@ fill every connection. `ocrd run` as a subprocess, real signals, real sockets.""
 from __future__ import annotations
 
 import resource
+import selectors
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +63,26 @@ def waiter(port: int, document: str) -> socket.socket:
     return client
 
 
-def first_answer(client: socket.socket, seconds: float) -> bytes:
-    """What the server wrote within `seconds` until it closed (b"" while it still waits)."""
-    client.settimeout(seconds)
-    data = b""
-    try:
-        while chunk := client.recv(4096):
-            data += chunk
-    except TimeoutError:
-        return data
-    return data
+def first_answers(clients: list[socket.socket], seconds: float) -> list[bytes]:
+    """What the server wrote to each client within `seconds` (all read at once), until it
+    closed that connection (b"" for a client it still keeps waiting)."""
+    answers = {client: b"" for client in clients}
+    with selectors.DefaultSelector() as selector:
+        for client in clients:
+            client.setblocking(False)
+            selector.register(client, selectors.EVENT_READ)
+        deadline = time.monotonic() + seconds
+        while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                client = key.fileobj
+                assert isinstance(client, socket.socket)
+                chunk = client.recv(4096)
+                answers[client] += chunk
+                if not chunk:
+                    selector.unregister(client)
+    for client in clients:
+        client.setblocking(True)
+    return [answers[client] for client in clients]
 
 
 def test_health_answers_while_waiting_clients_fill_every_connection(
@@ -95,7 +107,7 @@ def test_health_answers_while_waiting_clients_fill_every_connection(
     waiters = [waiter(port, document) for _ in range(64)]
     slow = []
     try:
-        answers = [first_answer(client, 5) for client in waiters]
+        answers = first_answers(waiters, 5)
         refused = [a for a in answers if a]
         assert len(refused) == 32, f"{len(refused)} of 64 waiters answered at once"
         assert all(a.startswith(b"HTTP/1.1 503") for a in refused), refused[0][:300]
