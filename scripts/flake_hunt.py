@@ -49,6 +49,9 @@ TIMING = [
     "tests/test_uploads.py",
     "tests/test_shared_folder.py",
     "tests/test_attacks.py",
+    "tests/test_routed_fleet.py",
+    "tests/test_load.py",
+    "tests/test_group_member.py",
 ]
 
 
