@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,11 @@ from test_replicas import marked_pdf
 
 from ocrd.config import EngineConfig, OpenAiConfig, PromptMode
 from ocrd.domain import PageImage, PageText
-from ocrd.engines import EngineState, create_engine
+from ocrd.engines import EngineState, PageCrashedError, ReplicaState, create_engine
+from ocrd.engines.blame import CrashRecord
+from ocrd.engines.replica import Replica
+from ocrd.engines.sending import Gone
+from ocrd.log import get_logger
 
 pytestmark = pytest.mark.slow
 
@@ -241,3 +246,26 @@ def test_one_refusal_is_one_pages_and_no_other_page_is_sent_again(tmp_path: Path
 def test_a_router_and_a_list_of_servers_are_not_both_the_fleet() -> None:
     with pytest.raises(ValueError, match="not both"):
         OpenAiConfig(router_url="http://router:30000", base_urls=("http://a:8000/v1",))
+
+
+def test_a_pages_second_death_among_other_workers_deaths_is_an_outage_once() -> None:
+    """The rule behind the outage test, step by step: a page cut off by one worker's death
+    and sent to a second that dies too is set aside only if no worker that never had it
+    went down meanwhile; an outage spares it once, and the next death sets it aside."""
+    fleet = [Replica(f"http://w{n}", link=None, keeper=None, capacity=4) for n in (1, 2, 3)]
+    first, second, third = fleet
+    record = CrashRecord(7, get_logger())
+    record.sent_to.add(first.name)
+    record.died_with(first, first.generation, Gone("w1 went away"))
+    first.state, first.since = ReplicaState.down, time.time()
+    record.sent_to.add(second.name)
+    assert record.would_be_set_aside(second)
+
+    assert not record.in_an_outage(fleet, 5)  # the third still serves: it may be the page
+    third.state, third.since = ReplicaState.down, time.time()
+    assert record.in_an_outage(fleet, 5)  # the third went down without the page: an outage
+
+    record.spare(second, Gone("w2 went away"))
+    record.sent_to.add(first.name)
+    with pytest.raises(PageCrashedError):
+        record.died_with(first, first.generation, Gone("w1 went away again"))

@@ -9,11 +9,22 @@ once); if a replica dies with several of them in flight, none is blamed yet, and
 alone from then on (the only such page on its replica, routing.Kind.isolated), so the next
 death there names the page that caused it. A remote server that drops the connection (or
 stops answering) with the page in flight counts the same.
+
+A whole fleet going down at once (a switch, a power cut, every worker restarted) is no
+evidence either, but its deaths are seen one after another: a page cut off by the first
+may be sent to a worker that dies a moment later with the outage. So before a second death
+sets a page aside, the router looks a few seconds for a worker that went down at about the
+same time without ever having had the page: where one did, the deaths were an outage and
+the page goes again (once: a page in flight at a third death is set aside whatever else
+died).
 """
 
 from __future__ import annotations
 
-from ocrd.engines.base import PageCrashedError
+import time
+from collections.abc import Iterable
+
+from ocrd.engines.base import PageCrashedError, ReplicaState
 from ocrd.engines.replica import Replica
 from ocrd.engines.routing import Kind
 from ocrd.log import FilteringBoundLogger
@@ -35,11 +46,48 @@ class CrashRecord:
         self.log = log
         self.kind = Kind.fresh
         self.crashes = 0
+        self.sent_to: set[str] = set()  # the replicas this page was sent to
+        self.first_death_at: float | None = None  # wall clock, as Replica.since
+        self.spared = False  # a death already put down to an outage
+
+    def would_be_set_aside(self, replica: Replica) -> bool:
+        """Whether a death of `replica` now would set this page aside (see died_with)."""
+        alone = self.kind is not Kind.fresh and replica.suspects_at_death <= 1
+        return self.crashes + 1 >= 2 and alone
+
+    def in_an_outage(self, fleet: Iterable[Replica], window: float) -> bool:
+        """Whether a replica that never had this page went down within `window` seconds
+        of this page's first death: the deaths were the fleet's, not the page's doing."""
+        if self.first_death_at is None:
+            return False
+        since = self.first_death_at - window
+        return any(
+            replica.name not in self.sent_to
+            and replica.state is ReplicaState.down
+            and replica.since >= since
+            for replica in fleet
+        )
+
+    def spare(self, replica: Replica, error: Exception) -> None:
+        """This death was part of an outage: counted against no page; the page goes again,
+        alone."""
+        self.spared = True
+        self.kind = Kind.isolated
+        self.log.warning(
+            "engine.page_in_outage",
+            page=self.page,
+            replica=replica.name,
+            crashes=self.crashes,
+            error=str(error),
+            action="other workers went down at the same time: not this page's doing",
+        )
 
     def died_with(self, replica: Replica, generation: int, error: Exception) -> None:
         """The replica went down with this page in flight. Raises PageCrashedError where the
         page is to blame: its second death, the only such page on the replica."""
         self.crashes += 1
+        if self.first_death_at is None:
+            self.first_death_at = time.time()
         if replica.counted_death != generation:
             replica.counted_death = generation
             replica.deaths_with_pages += 1

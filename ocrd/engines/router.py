@@ -51,6 +51,9 @@ from ocrd.engines.supervision import Supervisor
 from ocrd.log import get_logger
 
 SERVER_REST_SECONDS = 5.0  # a server that failed a page gets no new requests for this long
+# How long a page's second death waits for news of other workers' deaths (blame.py):
+# the deaths of one outage reach ocrd over a few seconds.
+OUTAGE_LOOK_SECONDS = 5.0
 RETIRE_POLL_SECONDS = 0.2
 
 
@@ -243,6 +246,18 @@ class Router:
         image.close()  # the file goes as it is: PIL need not keep it open meanwhile
         return PageMedia(path.as_uri(), path)
 
+    async def _an_outage(self, record: CrashRecord) -> bool:
+        """Whether, within a few seconds, other workers are seen to have gone down with
+        this page's deaths (see blame.py)."""
+        if record.spared:
+            return False
+        deadline = time.monotonic() + OUTAGE_LOOK_SECONDS
+        while not record.in_an_outage(self._replicas, OUTAGE_LOOK_SECONDS):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+
     async def _route(self, body: dict[str, Any], page: int, priority: int) -> PageText:
         record = CrashRecord(page, self.log)
         failures = 0
@@ -261,6 +276,7 @@ class Router:
             if not confirmed:
                 self.dispatcher.release(replica, kind)
                 continue
+            record.sent_to.add(replica.name)
             try:
                 text = await self.sender.send(replica, body, page, generation)
             except (Gone, NeverSent, Busy, Failed) as error:
@@ -273,7 +289,10 @@ class Router:
                 if outcome is not None:
                     raise outcome
             except Gone as error:
-                record.died_with(replica, generation, error)
+                if record.would_be_set_aside(replica) and await self._an_outage(record):
+                    record.spare(replica, error)
+                else:
+                    record.died_with(replica, generation, error)
                 continue
             except NeverSent:
                 continue
