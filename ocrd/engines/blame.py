@@ -50,10 +50,14 @@ class CrashRecord:
         self.first_death_at: float | None = None  # wall clock, as Replica.since
         self.spared = False  # a death already put down to an outage
 
+    def _alone(self, replica: Replica) -> bool:
+        """Whether this page, sent again after a death, was the only such page on `replica`
+        when it died: then a death there names it."""
+        return self.kind is not Kind.fresh and replica.suspects_at_death <= 1
+
     def would_be_set_aside(self, replica: Replica) -> bool:
         """Whether a death of `replica` now would set this page aside (see died_with)."""
-        alone = self.kind is not Kind.fresh and replica.suspects_at_death <= 1
-        return self.crashes + 1 >= 2 and alone
+        return self.crashes + 1 >= 2 and self._alone(replica)
 
     def in_an_outage(self, fleet: Iterable[Replica], window: float) -> bool:
         """Whether a replica that never had this page went down within `window` seconds
@@ -91,7 +95,7 @@ class CrashRecord:
         if replica.counted_death != generation:
             replica.counted_death = generation
             replica.deaths_with_pages += 1
-        alone = self.kind is not Kind.fresh and replica.suspects_at_death <= 1
+        alone = self._alone(replica)
         self.log.warning(
             "engine.page_in_crash",
             page=self.page,
