@@ -21,6 +21,35 @@ import yaml
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 
+# The modules that take longest, in the order they should start. scripts/checks runs the
+# suite in two pytest-xdist workers, a module at a time each (--dist loadfile), handing the
+# next module to whichever worker is free: starting the longest first keeps one worker from
+# being left with a long module at the end while the other idles. They alternate between
+# modules that keep the CPU busy (real vLLM) and modules that mostly wait (booting systemd,
+# leases running out), so that the two workers rarely compete for the two cores.
+LONGEST_MODULES_FIRST = (
+    "test_systemd_boot.py",
+    "test_vllm_replicas.py",
+    "test_several_daemons.py",
+    "test_vllm_daemon.py",
+    "test_crash_safety.py",
+    "test_openai_engine.py",
+    "test_matrix.py",
+    "test_vllm_engine.py",
+    "test_attacks.py",
+    "test_load.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        if name in LONGEST_MODULES_FIRST:
+            return LONGEST_MODULES_FIRST.index(name)
+        return len(LONGEST_MODULES_FIRST)
+
+    items.sort(key=rank)  # stable: the other modules, and each module's tests, keep their order
+
 
 @pytest.fixture(scope="session")
 def corpus() -> Path:

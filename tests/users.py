@@ -12,6 +12,7 @@ its path. Creating users and mounting need root, as CI has.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
 import os
 import pwd
@@ -41,7 +42,15 @@ def _run(*command: str) -> None:
 
 
 def ensure_users() -> None:
-    """The share group, ocrd's service user in it, and two people in it."""
+    """The share group, ocrd's service user in it, and two people in it. A lock file keeps
+    two test processes (pytest-xdist's workers) from both finding a user missing and both
+    adding it, which fails the second."""
+    with open(Path(tempfile.gettempdir(), "ocrd-tests-users.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _add_missing_users()
+
+
+def _add_missing_users() -> None:
     try:
         grp.getgrnam(SHARE)
     except KeyError:
