@@ -21,22 +21,30 @@ import yaml
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 
-# The modules that take longest, in the order they should start. scripts/checks runs the
-# suite in two pytest-xdist workers, a module at a time each (--dist loadfile), handing the
-# next module to whichever worker is free: starting the longest first keeps one worker from
-# being left with a long module at the end while the other idles. They alternate between
-# modules that keep the CPU busy (real vLLM) and modules that mostly wait (booting systemd,
-# leases running out), so that the two workers rarely compete for the two cores.
-LONGEST_MODULES_FIRST = (
-    "test_systemd_boot.py",
+# scripts/checks runs the suite in two pytest-xdist workers, a module at a time each
+# (--dist loadfile: a module's shared daemon or engine starts once), handing the next module
+# to whichever worker is free. Two changes to that: the real-vLLM modules count as one, so
+# that two vLLM engines (several GB each, and both cores busy) never run at once; and the
+# longest go first, so that one worker is not left with a long module at the end while the
+# other idles. Among them the vLLM modules keep the CPU busy and the others mostly wait
+# (systemd booting, leases running out), so the two workers rarely compete for the cores.
+REAL_VLLM_MODULES = (
     "test_vllm_replicas.py",
-    "test_several_daemons.py",
     "test_vllm_daemon.py",
-    "test_crash_safety.py",
     "test_openai_engine.py",
-    "test_matrix.py",
     "test_vllm_engine.py",
+)
+LONGEST_MODULES_FIRST = (  # by their time in a two-worker run (BENCHMARKS.md, "The test suite")
+    *REAL_VLLM_MODULES,
+    "test_crash_safety.py",
+    "test_several_daemons.py",
+    "test_docling_api.py",
     "test_attacks.py",
+    "test_systemd_boot.py",
+    "test_separators.py",
+    "test_pages.py",
+    "test_uploads.py",
+    "test_searchable.py",
     "test_load.py",
 )
 
@@ -49,6 +57,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(LONGEST_MODULES_FIRST)
 
     items.sort(key=rank)  # stable: the other modules, and each module's tests, keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesWithRealVllmAsOne(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "the real-vLLM modules" if Path(module).name in REAL_VLLM_MODULES else module
+
+    return ModulesWithRealVllmAsOne(config, log)
 
 
 @pytest.fixture(scope="session")

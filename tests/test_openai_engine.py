@@ -51,8 +51,14 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0",
         "--logits-processors", "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor",
     ]  # fmt: skip
+    # vLLM 0.18's CPU backend ignores --kv-cache-memory-bytes and takes half the machine's
+    # memory for its cache unless VLLM_CPU_KVCACHE_SPACE (GiB) says otherwise: with another
+    # test's engine running beside it (two pytest workers), that runs the machine out.
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=environment
+        )
 
     def healthy() -> bool:
         if process.poll() is not None:
