@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from users import Runtime, service_runtime
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 
@@ -202,6 +204,22 @@ def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
         + "; ".join(described),
         stacklevel=1,
     )
+
+
+@pytest.fixture
+def shared_root() -> Iterator[Path]:
+    """A folder ocrd's service user may enter (pytest's own are root's alone). Removed with
+    rm, which (unlike shutil.rmtree and pytest's clean-up) copes with any depth."""
+    root = Path(tempfile.mkdtemp(prefix="ocrd-shared-"))
+    yield root
+    subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+@pytest.fixture
+def runtime() -> Iterator[Runtime]:
+    """How ocrd's service user runs this checkout (tests/users.py)."""
+    with service_runtime() as runtime:
+        yield runtime
 
 
 def write_config(folder: Path, inbox: dict[str, Any] | None = None, **sections: Any) -> Path:

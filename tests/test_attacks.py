@@ -15,9 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -29,27 +27,12 @@ from mounts import tmpfs
 from test_http import base_url, run_ocrd_status
 from test_http_clients import answer
 from test_shared_folder import make_text_pdf
-from users import SERVICE, Runtime, give, service_runtime, shared_data
+from users import SERVICE, Runtime, give, shared_data
 
 from ocrd.intake.claiming import Changed, WorkArea
 from ocrd.intake.watch import look_at
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def shared_root() -> Iterator[Path]:
-    """A folder ocrd's service user may enter (pytest's own are root's alone). Removed with
-    rm, which (unlike shutil.rmtree and pytest's clean-up) copes with any depth."""
-    root = Path(tempfile.mkdtemp(prefix="ocrd-redteam-"))
-    yield root
-    subprocess.run(["rm", "-rf", str(root)], check=False)
-
-
-@pytest.fixture
-def runtime() -> Iterator[Runtime]:
-    with service_runtime() as runtime:
-        yield runtime
 
 
 def mkdir(path: Path, owner: str = "alice", mode: int = 0o2775) -> Path:

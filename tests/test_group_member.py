@@ -11,10 +11,8 @@ import json
 import os
 import socket
 import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +24,13 @@ from test_attacks import exchange
 from test_http import base_url, metric
 from test_shared_folder import make_text_pdf
 from test_uploads import AUTH, TOKEN, WITH_TOKEN, answer_of
-from users import SERVICE, SHARE, Runtime, give, service_runtime, shared_data
+from users import SERVICE, SHARE, Runtime, give, shared_data
 
 from ocrd.files import write_new_file
 from ocrd.files.beneath import beneath
 from ocrd.files.dropped import NotRegularFile
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def shared_root() -> Iterator[Path]:
-    """A folder ocrd's service user may enter (pytest's own are root's alone)."""
-    root = Path(tempfile.mkdtemp(prefix="ocrd-group-"))
-    yield root
-    subprocess.run(["rm", "-rf", str(root)], check=False)
-
-
-@pytest.fixture
-def runtime() -> Iterator[Runtime]:
-    with service_runtime() as runtime:
-        yield runtime
 
 
 def share_everything(folder: Path) -> None:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,7 +23,7 @@ from conftest import claims_left, files_under, markdown_under, wait_until, write
 from fleet import free_port
 from helpers import make_pdf
 from test_http import base_url, metric, run_ocrd_status
-from users import SERVICE, give, service_runtime, shared_data, uid
+from users import SERVICE, give, shared_data, uid
 
 from ocrd.intake.claiming import Changed, WorkArea
 from ocrd.intake.watch import look_at
@@ -35,20 +32,6 @@ pytestmark = pytest.mark.slow
 
 LATIN1 = os.fsdecode(b"Pr\xfcfbericht.pdf")  # "Prüfbericht" from an old Samba or FTP client
 RESCAN_SECONDS = 1
-
-
-@pytest.fixture
-def shared_root() -> Iterator[Path]:
-    """A folder ocrd's service user may enter (pytest's own are root's alone)."""
-    root = Path(tempfile.mkdtemp(prefix="ocrd-shared-"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def runtime():  # type: ignore[no-untyped-def]
-    with service_runtime() as runtime:
-        yield runtime
 
 
 def mkdir(path: Path) -> Path:
