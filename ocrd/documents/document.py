@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ocrd.documents import crashes, failures
 from ocrd.documents.pipeline import Pipeline, Progress
 from ocrd.documents.route import Route
-from ocrd.documents.settling import Settling, given_up
+from ocrd.documents.settling import OriginalVanished, Settling, given_up
 from ocrd.documents.sources import SourceKind, Sources, job_snapshot
 from ocrd.domain import DocumentFailed, DocumentResult, Stage
 from ocrd.engines import EngineDeadError
@@ -105,30 +105,26 @@ class DocumentRunner:
         alone: bool,
         log: FilteringBoundLogger,
     ) -> None:
-        resumed = await self.settling.step(lambda: route.settler.resume(claim), route, log)
-        if resumed is not None:
-            log.info("document.settled", outcome=resumed.outcome, resumed=True)
-            return
+        if claim.state.settlement is not None:  # planned by an earlier attempt: finish it
+            resumed = await self.settling.step(lambda: route.settler.resume(claim), route, log)
+            if resumed is not None:
+                log.info("document.settled", outcome=resumed.outcome, resumed=True)
+                return
         started = time.monotonic()
         failure = failure or crashes.verdict(claim)
         if failure is not None:
             await self.settling.fail(route, claim, failure, started, log)
             return
-        attempt = await asyncio.to_thread(claim.start_attempt)
+        attempt, listed = await asyncio.to_thread(_begun, claim)
         log.info("document.started", attempt=attempt, alone=alone)
         progress = Progress()
         self.in_flight[claim.id] = InFlight(
             claim.id, str(route.config.path), claim.state.relative_path, progress, alone
         )
         try:
-            outcome = await self._convert(route, claim, log, progress, started)
+            outcome = await self._convert(route, claim, log, progress, started, listed)
             claim.check_held()  # an original gone from a claim taken over did not vanish
-            if not await asyncio.to_thread(claim.path.exists):
-                await asyncio.to_thread(self._vanished, claim, log)
-            elif isinstance(outcome, DocumentFailed):
-                await self.settling.fail(route, claim, outcome, started, log)
-            else:
-                await self.settling.succeed(route, claim, outcome, started, log)
+            await self._settle(route, claim, outcome, started, log)
         except EngineDeadError as error:
             recorded = False
             with contextlib.suppress(ClaimLost):  # the engine's death outranks a lost claim
@@ -160,13 +156,17 @@ class DocumentRunner:
         log: FilteringBoundLogger,
         progress: Progress,
         arrival: float,
+        listed: Listed | Exception,
     ) -> DocumentResult | DocumentFailed:
+        """Convert the claim from its sources as `listed` when its attempt began (listed
+        anew for each further try of a scan job that changed meanwhile)."""
         try:
             for attempt in range(1, JOB_CHANGES_TOLERATED + 2):
-                sources = await asyncio.to_thread(
-                    Sources.of, claim.path, claim.companion_paths, claim.folder
-                )
-                before = await asyncio.to_thread(_snapshot, sources)
+                if attempt > 1:
+                    listed = await asyncio.to_thread(_listed, claim)
+                if isinstance(listed, Exception):
+                    raise listed
+                sources, before = listed
                 result = await self.pipeline.convert(
                     sources,
                     route.options,
@@ -177,7 +177,9 @@ class DocumentRunner:
                     arrival,
                     route.pages,
                 )
-                if await asyncio.to_thread(_snapshot, sources.again()) == before:
+                if sources.kind is not SourceKind.folder:  # nothing a scanner adds to
+                    return result
+                if await asyncio.to_thread(_snapshot_again, sources) == before:
                     return result
                 log.warning(  # a scanner went on writing into the job after it was taken
                     "document.job_changed",
@@ -194,6 +196,24 @@ class DocumentRunner:
             log.exception("document.internal_error")
             return failures.internal(error)
 
+    async def _settle(
+        self,
+        route: Route,
+        claim: Claim,
+        outcome: DocumentResult | DocumentFailed,
+        started: float,
+        log: FilteringBoundLogger,
+    ) -> None:
+        try:
+            if isinstance(outcome, DocumentFailed):
+                if not await asyncio.to_thread(claim.path.exists):
+                    raise OriginalVanished(claim.id)
+                await self.settling.fail(route, claim, outcome, started, log)
+            else:  # asks whether the original is there in its first step
+                await self.settling.succeed(route, claim, outcome, started, log)
+        except OriginalVanished:
+            await asyncio.to_thread(self._vanished, claim, log)
+
     @staticmethod
     def _vanished(claim: Claim, log: FilteringBoundLogger) -> None:
         """Someone deleted the original from the work area: there is nothing to settle."""
@@ -204,6 +224,31 @@ class DocumentRunner:
         )
         claim.release()
 
-def _snapshot(sources: Sources) -> tuple[tuple[str, int, int], ...]:
+Snapshot = tuple[tuple[str, int, int], ...]
+Listed = tuple[Sources, Snapshot]
+
+
+def _begun(claim: Claim) -> tuple[int, Listed | Exception]:
+    """The attempt counted (saved in the claim) and the claim's sources listed, in one
+    thread hop; an error listing them is the conversion's (returned, raised there)."""
+    attempt = claim.start_attempt()
+    try:
+        return attempt, _listed(claim)
+    except Exception as error:
+        return attempt, error
+
+
+def _listed(claim: Claim) -> Listed:
+    """The claim's sources and a scan job's snapshot."""
+    sources = Sources.of(claim.path, claim.companion_paths, claim.folder)
+    return sources, _snapshot(sources)
+
+
+def _snapshot_again(sources: Sources) -> Snapshot:
+    """A scan job listed anew, and its snapshot (what a scanner added since)."""
+    return _snapshot(sources.again())
+
+
+def _snapshot(sources: Sources) -> Snapshot:
     """A scan job's files as they are now; nothing to compare for a single file."""
     return job_snapshot(sources) if sources.kind is SourceKind.folder else ()

@@ -142,21 +142,20 @@ class Pipeline:
         log = log or get_logger(path=str(sources.files[0] if sources.files else source))
         progress = progress or Progress()
         started = time.monotonic()
-        try:
-            files, skipped = await asyncio.to_thread(page_files, sources)
-        except (RenderError, OSError) as error:
-            raise failures.undetected(error) from None
+        figures = scratch if settings.figures else None
+        files, skipped, done = await asyncio.to_thread(_read_inputs, sources, journal, figures)
         if skipped:
             log.warning("document.files_skipped", files=skipped, action="left out of the document")
         if not files:
             raise failures.no_pages_in_folder()
         inputs = [SourceFile(path, fmt, settings.render, sources.root) for path, fmt in files]
         try:
-            done, refs = await self._pages(
-                inputs, sources.kind, settings, scratch, log, journal, progress, arrival, pages
-            )
-            split = split_document(done, settings, sources.kind)
-            result = DocumentResult(inputs[0].format, done, time.monotonic() - started, split)
+            done_pages, refs = await self._pages(
+                inputs, sources.kind, settings, figures, log, journal, done, progress, arrival,
+                pages,
+            )  # fmt: skip
+            split = split_document(done_pages, settings, sources.kind)
+            result = DocumentResult(inputs[0].format, done_pages, time.monotonic() - started, split)
             if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
                 raise failures.unfinished(result)
             if nothing_read(result):
@@ -177,15 +176,16 @@ class Pipeline:
         inputs: list[SourceFile],
         kind: SourceKind,
         settings: DocumentOptions,
-        scratch: Path,
+        figures: Path | None,
         log: FilteringBoundLogger,
         journal: PageJournal | None,
+        done: dict[int, PageResult],
         progress: Progress,
         arrival: float | None,
         selected: tuple[int, int] | None = None,
     ) -> tuple[list[PageResult], list[PageRef]]:
-        figures = scratch if settings.figures else None
-        done = await asyncio.to_thread(journal.load, figures) if journal else {}
+        """The pages of `inputs`: those in `done` (the journal's) as they are, the rest
+        rendered and recognised."""
         counts = [await self._open(source, len(inputs) > 1) for source in inputs]
         refs = [PageRef(inputs[i], n) for i, n in page_order(counts, kind is SourceKind.duplex)]
         first, last = selected or (1, len(refs))
@@ -454,3 +454,15 @@ def split_document(
     if not split.parts:
         raise failures.only_separators(split)
     return split
+
+
+def _read_inputs(
+    sources: Sources, journal: PageJournal | None, figures: Path | None
+) -> tuple[list[tuple[Path, InputFormat]], list[str], dict[int, PageResult]]:
+    """The files holding pages (see `page_files`) and the pages the journal kept, read in
+    one thread hop; DocumentFailed where the files cannot be told apart."""
+    try:
+        files, skipped = page_files(sources)
+    except (RenderError, OSError) as error:
+        raise failures.undetected(error) from None
+    return files, skipped, journal.load(figures) if journal and files else {}
