@@ -24,8 +24,9 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+from ocrd.config import DocumentOptions
 from ocrd.documents import crashes, failures
-from ocrd.documents.pipeline import Pipeline, Progress
+from ocrd.documents.pipeline import Inputs, Pipeline, Progress, read_inputs
 from ocrd.documents.route import Route
 from ocrd.documents.settling import OriginalVanished, Settling, given_up
 from ocrd.documents.sources import SourceKind, Sources, job_snapshot
@@ -115,14 +116,15 @@ class DocumentRunner:
         if failure is not None:
             await self.settling.fail(route, claim, failure, started, log)
             return
-        attempt, listed = await asyncio.to_thread(_begun, claim)
+        journal = PageJournal(claim.journal, claim.check_held)
+        attempt, begun = await asyncio.to_thread(_begun, claim, journal, route.options)
         log.info("document.started", attempt=attempt, alone=alone)
         progress = Progress()
         self.in_flight[claim.id] = InFlight(
             claim.id, str(route.config.path), claim.state.relative_path, progress, alone
         )
         try:
-            outcome = await self._convert(route, claim, log, progress, started, listed)
+            outcome = await self._convert(route, claim, log, progress, started, journal, begun)
             claim.check_held()  # an original gone from a claim taken over did not vanish
             await self._settle(route, claim, outcome, started, log)
         except EngineDeadError as error:
@@ -156,26 +158,27 @@ class DocumentRunner:
         log: FilteringBoundLogger,
         progress: Progress,
         arrival: float,
-        listed: Listed | Exception,
+        journal: PageJournal,
+        begun: Begun | Exception,
     ) -> DocumentResult | DocumentFailed:
-        """Convert the claim from its sources as `listed` when its attempt began (listed
-        anew for each further try of a scan job that changed meanwhile)."""
+        """Convert the claim from its sources as read when its attempt began (`begun`; a
+        scan job that changed meanwhile is listed and read anew for each further try)."""
         try:
+            if isinstance(begun, Exception):
+                raise begun
+            (sources, before), first = begun
+            read: Inputs | None = first  # the next try of a changed job reads them anew
             for attempt in range(1, JOB_CHANGES_TOLERATED + 2):
-                if attempt > 1:
-                    listed = await asyncio.to_thread(_listed, claim)
-                if isinstance(listed, Exception):
-                    raise listed
-                sources, before = listed
                 result = await self.pipeline.convert(
                     sources,
                     route.options,
                     claim.scratch,
                     log,
-                    PageJournal(claim.journal, claim.check_held),
+                    journal,
                     progress,
                     arrival,
                     route.pages,
+                    read,
                 )
                 if sources.kind is not SourceKind.folder:  # nothing a scanner adds to
                     return result
@@ -187,6 +190,7 @@ class DocumentRunner:
                     action="converted again from its first page",
                 )
                 await asyncio.to_thread(claim.journal.unlink, missing_ok=True)
+                (sources, before), read = await asyncio.to_thread(_listed, claim), None
             return failures.job_kept_changing(JOB_CHANGES_TOLERATED + 1)
         except DocumentFailed as failure:
             return failure
@@ -228,12 +232,18 @@ Snapshot = tuple[tuple[str, int, int], ...]
 Listed = tuple[Sources, Snapshot]
 
 
-def _begun(claim: Claim) -> tuple[int, Listed | Exception]:
-    """The attempt counted (saved in the claim) and the claim's sources listed, in one
-    thread hop; an error listing them is the conversion's (returned, raised there)."""
+Begun = tuple[Listed, Inputs]
+
+
+def _begun(
+    claim: Claim, journal: PageJournal, settings: DocumentOptions
+) -> tuple[int, Begun | Exception]:
+    """The attempt counted (saved in the claim), the claim's sources listed and read, in
+    one thread hop; an error reading them is the conversion's (returned, raised there)."""
     attempt = claim.start_attempt()
     try:
-        return attempt, _listed(claim)
+        listed = _listed(claim)
+        return attempt, (listed, read_inputs(listed[0], journal, settings, claim.scratch))
     except Exception as error:
         return attempt, error
 

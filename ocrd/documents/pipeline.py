@@ -130,6 +130,7 @@ class Pipeline:
         progress: Progress | None = None,
         arrival: float | None = None,
         pages: tuple[int, int] | None = None,
+        read: Inputs | None = None,
     ) -> DocumentResult:
         """Render and recognise every page of `source` (a file, or the files of a scan job or
         a duplex pair), or only those from `pages[0]` to `pages[1]` (a task's page range;
@@ -142,8 +143,10 @@ class Pipeline:
         log = log or get_logger(path=str(sources.files[0] if sources.files else source))
         progress = progress or Progress()
         started = time.monotonic()
+        if read is None:  # `read` where the caller read them already, in a hop of its own
+            read = await asyncio.to_thread(read_inputs, sources, journal, settings, scratch)
+        files, skipped, done = read.files, read.skipped, read.journal
         figures = scratch if settings.figures else None
-        files, skipped, done = await asyncio.to_thread(_read_inputs, sources, journal, figures)
         if skipped:
             log.warning("document.files_skipped", files=skipped, action="left out of the document")
         if not files:
@@ -456,13 +459,24 @@ def split_document(
     return split
 
 
-def _read_inputs(
-    sources: Sources, journal: PageJournal | None, figures: Path | None
-) -> tuple[list[tuple[Path, InputFormat]], list[str], dict[int, PageResult]]:
-    """The files holding pages (see `page_files`) and the pages the journal kept, read in
-    one thread hop; DocumentFailed where the files cannot be told apart."""
+@dataclass
+class Inputs:
+    """What a conversion reads before its first page: the files holding pages, the names of
+    a job's files that hold none, and the pages its journal kept."""
+
+    files: list[tuple[Path, InputFormat]]
+    skipped: list[str]
+    journal: dict[int, PageResult]
+
+
+def read_inputs(
+    sources: Sources, journal: PageJournal | None, settings: DocumentOptions, scratch: Path
+) -> Inputs:
+    """The inputs of a conversion (blocking: one thread hop); DocumentFailed where the
+    files cannot be told apart."""
     try:
         files, skipped = page_files(sources)
     except (RenderError, OSError) as error:
         raise failures.undetected(error) from None
-    return files, skipped, journal.load(figures) if journal and files else {}
+    figures = scratch if settings.figures else None
+    return Inputs(files, skipped, journal.load(figures) if journal and files else {})

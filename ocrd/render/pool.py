@@ -171,8 +171,10 @@ class RenderWorker:
         limit = seconds or self.limits.page_timeout_seconds
         try:
             if not self._running():  # starting a process is not the document's time
-                await asyncio.wait_for(self._started(), WORKER_START_SECONDS)
-            answer = await asyncio.wait_for(self._call(request), timeout=limit)
+                async with asyncio.timeout(WORKER_START_SECONDS):
+                    await self._started()
+            async with asyncio.timeout(limit):  # in this task: no task of its own to start
+                answer = await self._call(request)
         except TimeoutError:
             self.kill()
             raise RenderError(
@@ -197,7 +199,7 @@ class RenderWorker:
     async def _started(self) -> None:
         """The child ready for a request: the reply to an earlier one (whose asker was
         cancelled) read, and a child started in the worker's thread where none runs."""
-        if self._exchange is not None:
+        if self._exchange is not None and not self._exchange.done():
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._exchange)
         if not self._running():
