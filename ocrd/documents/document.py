@@ -208,6 +208,7 @@ class DocumentRunner:
         started: float,
         log: FilteringBoundLogger,
     ) -> None:
+        """The outcome to done/ or failed/; nothing where the original vanished meanwhile."""
         try:
             if isinstance(outcome, DocumentFailed):
                 if not await asyncio.to_thread(claim.path.exists):
@@ -228,11 +229,10 @@ class DocumentRunner:
         )
         claim.release()
 
-Snapshot = tuple[tuple[str, int, int], ...]
+
+Snapshot = tuple[tuple[str, int, int], ...]  # a scan job's files: path, size, mtime
 Listed = tuple[Sources, Snapshot]
-
-
-Begun = tuple[Listed, Inputs]
+Begun = tuple[Listed, Inputs]  # what an attempt read before its first page
 
 
 def _begun(

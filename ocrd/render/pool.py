@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import mmap
 import multiprocessing
-import multiprocessing.connection
 import os
 import secrets
 import socket
@@ -216,8 +215,8 @@ class RenderWorker:
 
     def _running(self) -> bool:
         """Whether the child looks ready, seen from the event loop: then a request goes
-        straight to `_call` (one thread hop, not two). Should the child die meanwhile,
-        `_call` starts another within the request's own time limit."""
+        straight to `_call`, no thread involved. Should the child die meanwhile, `_call`
+        starts another within the request's own time limit."""
         process = self._process
         return process is not None and self._sock is not None and not self._killed and (
             process.is_alive()
@@ -259,6 +258,8 @@ class RenderWorker:
 
     def shutdown(self) -> None:
         self.kill()
+        if self._exchange is not None and not self._exchange.done():
+            self._exchange.cancel()  # its socket is closed below: no reply is waited for
         self._thread.submit(self._cleanup)
         self._thread.shutdown(wait=True, cancel_futures=True)
 
