@@ -30,6 +30,7 @@ from ocrd.files.dropped import printable
 from ocrd.intake.claim import Claim, ClaimLost
 from ocrd.intake.claiming import Changed, NotClaimable
 from ocrd.intake.inboxes import Inbox, Intake, Job, Waiting
+from ocrd.intake.receiving import upload_of
 from ocrd.intake.tasks import TaskRecordError, task_of
 from ocrd.log import get_logger
 
@@ -134,6 +135,8 @@ class Dispatcher:
         """The claim's route: its inbox's, with its task's options where it is a task of
         the docling-serve API; and why it fails before it is read, if it does."""
         engine, config = self.runner.pipeline.engine.name, job.inbox.config
+        if upload_of(claim.state.relative_path) is None:  # not a task: no record to read
+            return Route.of(config, engine), known_failure(job)
         try:
             task = await asyncio.to_thread(task_of, config, claim.relative_path)
         except TaskRecordError as error:

@@ -24,10 +24,11 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+from ocrd.config import DocumentOptions
 from ocrd.documents import crashes, failures
-from ocrd.documents.pipeline import Pipeline, Progress
+from ocrd.documents.pipeline import Inputs, Pipeline, Progress, read_inputs
 from ocrd.documents.route import Route
-from ocrd.documents.settling import Settling, given_up
+from ocrd.documents.settling import OriginalVanished, Settling, given_up
 from ocrd.documents.sources import SourceKind, Sources, job_snapshot
 from ocrd.domain import DocumentFailed, DocumentResult, Stage
 from ocrd.engines import EngineDeadError
@@ -105,30 +106,27 @@ class DocumentRunner:
         alone: bool,
         log: FilteringBoundLogger,
     ) -> None:
-        resumed = await self.settling.step(lambda: route.settler.resume(claim), route, log)
-        if resumed is not None:
-            log.info("document.settled", outcome=resumed.outcome, resumed=True)
-            return
+        if claim.state.settlement is not None:  # planned by an earlier attempt: finish it
+            resumed = await self.settling.step(lambda: route.settler.resume(claim), route, log)
+            if resumed is not None:
+                log.info("document.settled", outcome=resumed.outcome, resumed=True)
+                return
         started = time.monotonic()
         failure = failure or crashes.verdict(claim)
         if failure is not None:
             await self.settling.fail(route, claim, failure, started, log)
             return
-        attempt = await asyncio.to_thread(claim.start_attempt)
+        journal = PageJournal(claim.journal, claim.check_held)
+        attempt, begun = await asyncio.to_thread(_begun, claim, journal, route.options)
         log.info("document.started", attempt=attempt, alone=alone)
         progress = Progress()
         self.in_flight[claim.id] = InFlight(
             claim.id, str(route.config.path), claim.state.relative_path, progress, alone
         )
         try:
-            outcome = await self._convert(route, claim, log, progress, started)
+            outcome = await self._convert(route, claim, log, progress, started, journal, begun)
             claim.check_held()  # an original gone from a claim taken over did not vanish
-            if not await asyncio.to_thread(claim.path.exists):
-                await asyncio.to_thread(self._vanished, claim, log)
-            elif isinstance(outcome, DocumentFailed):
-                await self.settling.fail(route, claim, outcome, started, log)
-            else:
-                await self.settling.succeed(route, claim, outcome, started, log)
+            await self._settle(route, claim, outcome, started, log)
         except EngineDeadError as error:
             recorded = False
             with contextlib.suppress(ClaimLost):  # the engine's death outranks a lost claim
@@ -160,24 +158,31 @@ class DocumentRunner:
         log: FilteringBoundLogger,
         progress: Progress,
         arrival: float,
+        journal: PageJournal,
+        begun: Begun | Exception,
     ) -> DocumentResult | DocumentFailed:
+        """Convert the claim from its sources as read when its attempt began (`begun`; a
+        scan job that changed meanwhile is listed and read anew for each further try)."""
         try:
+            if isinstance(begun, Exception):
+                raise begun
+            (sources, before), first = begun
+            read: Inputs | None = first  # the next try of a changed job reads them anew
             for attempt in range(1, JOB_CHANGES_TOLERATED + 2):
-                sources = await asyncio.to_thread(
-                    Sources.of, claim.path, claim.companion_paths, claim.folder
-                )
-                before = await asyncio.to_thread(_snapshot, sources)
                 result = await self.pipeline.convert(
                     sources,
                     route.options,
                     claim.scratch,
                     log,
-                    PageJournal(claim.journal, claim.check_held),
+                    journal,
                     progress,
                     arrival,
                     route.pages,
+                    read,
                 )
-                if await asyncio.to_thread(_snapshot, sources.again()) == before:
+                if sources.kind is not SourceKind.folder:  # nothing a scanner adds to
+                    return result
+                if await asyncio.to_thread(_snapshot_again, sources) == before:
                     return result
                 log.warning(  # a scanner went on writing into the job after it was taken
                     "document.job_changed",
@@ -185,6 +190,7 @@ class DocumentRunner:
                     action="converted again from its first page",
                 )
                 await asyncio.to_thread(claim.journal.unlink, missing_ok=True)
+                (sources, before), read = await asyncio.to_thread(_listed, claim), None
             return failures.job_kept_changing(JOB_CHANGES_TOLERATED + 1)
         except DocumentFailed as failure:
             return failure
@@ -193,6 +199,25 @@ class DocumentRunner:
         except Exception as error:  # a bug in ocrd must cost one document, not the daemon
             log.exception("document.internal_error")
             return failures.internal(error)
+
+    async def _settle(
+        self,
+        route: Route,
+        claim: Claim,
+        outcome: DocumentResult | DocumentFailed,
+        started: float,
+        log: FilteringBoundLogger,
+    ) -> None:
+        """The outcome to done/ or failed/; nothing where the original vanished meanwhile."""
+        try:
+            if isinstance(outcome, DocumentFailed):
+                if not await asyncio.to_thread(claim.path.exists):
+                    raise OriginalVanished(claim.id)
+                await self.settling.fail(route, claim, outcome, started, log)
+            else:  # asks whether the original is there in its first step
+                await self.settling.succeed(route, claim, outcome, started, log)
+        except OriginalVanished:
+            await asyncio.to_thread(self._vanished, claim, log)
 
     @staticmethod
     def _vanished(claim: Claim, log: FilteringBoundLogger) -> None:
@@ -204,6 +229,36 @@ class DocumentRunner:
         )
         claim.release()
 
-def _snapshot(sources: Sources) -> tuple[tuple[str, int, int], ...]:
+
+Snapshot = tuple[tuple[str, int, int], ...]  # a scan job's files: path, size, mtime
+Listed = tuple[Sources, Snapshot]
+Begun = tuple[Listed, Inputs]  # what an attempt read before its first page
+
+
+def _begun(
+    claim: Claim, journal: PageJournal, settings: DocumentOptions
+) -> tuple[int, Begun | Exception]:
+    """The attempt counted (saved in the claim), the claim's sources listed and read, in
+    one thread hop; an error reading them is the conversion's (returned, raised there)."""
+    attempt = claim.start_attempt()
+    try:
+        listed = _listed(claim)
+        return attempt, (listed, read_inputs(listed[0], journal, settings, claim.scratch))
+    except Exception as error:
+        return attempt, error
+
+
+def _listed(claim: Claim) -> Listed:
+    """The claim's sources and a scan job's snapshot."""
+    sources = Sources.of(claim.path, claim.companion_paths, claim.folder)
+    return sources, _snapshot(sources)
+
+
+def _snapshot_again(sources: Sources) -> Snapshot:
+    """A scan job listed anew, and its snapshot (what a scanner added since)."""
+    return _snapshot(sources.again())
+
+
+def _snapshot(sources: Sources) -> Snapshot:
     """A scan job's files as they are now; nothing to compare for a single file."""
     return job_snapshot(sources) if sources.kind is SourceKind.folder else ()

@@ -130,6 +130,7 @@ class Pipeline:
         progress: Progress | None = None,
         arrival: float | None = None,
         pages: tuple[int, int] | None = None,
+        read: Inputs | None = None,
     ) -> DocumentResult:
         """Render and recognise every page of `source` (a file, or the files of a scan job or
         a duplex pair), or only those from `pages[0]` to `pages[1]` (a task's page range;
@@ -142,21 +143,22 @@ class Pipeline:
         log = log or get_logger(path=str(sources.files[0] if sources.files else source))
         progress = progress or Progress()
         started = time.monotonic()
-        try:
-            files, skipped = await asyncio.to_thread(page_files, sources)
-        except (RenderError, OSError) as error:
-            raise failures.undetected(error) from None
+        if read is None:  # `read` where the caller read them already, in a hop of its own
+            read = await asyncio.to_thread(read_inputs, sources, journal, settings, scratch)
+        files, skipped, done = read.files, read.skipped, read.journal
+        figures = scratch if settings.figures else None
         if skipped:
             log.warning("document.files_skipped", files=skipped, action="left out of the document")
         if not files:
             raise failures.no_pages_in_folder()
         inputs = [SourceFile(path, fmt, settings.render, sources.root) for path, fmt in files]
         try:
-            done, refs = await self._pages(
-                inputs, sources.kind, settings, scratch, log, journal, progress, arrival, pages
-            )
-            split = split_document(done, settings, sources.kind)
-            result = DocumentResult(inputs[0].format, done, time.monotonic() - started, split)
+            done_pages, refs = await self._pages(
+                inputs, sources.kind, settings, figures, log, journal, done, progress, arrival,
+                pages,
+            )  # fmt: skip
+            split = split_document(done_pages, settings, sources.kind)
+            result = DocumentResult(inputs[0].format, done_pages, time.monotonic() - started, split)
             if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
                 raise failures.unfinished(result)
             if nothing_read(result):
@@ -177,15 +179,16 @@ class Pipeline:
         inputs: list[SourceFile],
         kind: SourceKind,
         settings: DocumentOptions,
-        scratch: Path,
+        figures: Path | None,
         log: FilteringBoundLogger,
         journal: PageJournal | None,
+        done: dict[int, PageResult],
         progress: Progress,
         arrival: float | None,
         selected: tuple[int, int] | None = None,
     ) -> tuple[list[PageResult], list[PageRef]]:
-        figures = scratch if settings.figures else None
-        done = await asyncio.to_thread(journal.load, figures) if journal else {}
+        """The pages of `inputs`: those in `done` (the journal's) as they are, the rest
+        rendered and recognised."""
         counts = [await self._open(source, len(inputs) > 1) for source in inputs]
         refs = [PageRef(inputs[i], n) for i, n in page_order(counts, kind is SourceKind.duplex)]
         first, last = selected or (1, len(refs))
@@ -454,3 +457,26 @@ def split_document(
     if not split.parts:
         raise failures.only_separators(split)
     return split
+
+
+@dataclass
+class Inputs:
+    """What a conversion reads before its first page: the files holding pages, the names of
+    a job's files that hold none, and the pages its journal kept."""
+
+    files: list[tuple[Path, InputFormat]]
+    skipped: list[str]
+    journal: dict[int, PageResult]
+
+
+def read_inputs(
+    sources: Sources, journal: PageJournal | None, settings: DocumentOptions, scratch: Path
+) -> Inputs:
+    """The inputs of a conversion (blocking: one thread hop); DocumentFailed where the
+    files cannot be told apart."""
+    try:
+        files, skipped = page_files(sources)
+    except (RenderError, OSError) as error:
+        raise failures.undetected(error) from None
+    figures = scratch if settings.figures else None
+    return Inputs(files, skipped, journal.load(figures) if journal and files else {})

@@ -41,6 +41,11 @@ class StorageRefused(Exception):
         self.fault = fault
 
 
+class OriginalVanished(Exception):
+    """The original was deleted from the work area while it was processed: there is
+    nothing to settle."""
+
+
 @dataclass
 class StorageHealth:
     fault: str | None = None
@@ -79,10 +84,21 @@ class Settling:
         started: float,
         log: FilteringBoundLogger,
     ) -> None:
+        """Take the result to done/; OriginalVanished, nothing written, where the original
+        is gone from the work area (asked in the first step's thread hop, not one of its
+        own)."""
+        looked = False
+
+        def settle(naming: Naming) -> Settlement:
+            nonlocal looked
+            if not looked:
+                if not claim.path.exists():
+                    raise OriginalVanished(claim.id)
+                looked = True
+            return route.settler.done(claim, result, route.options, naming)
+
         try:
-            settlement = await self._with_naming_fallback(
-                lambda naming: route.settler.done(claim, result, route.options, naming), route, log
-            )
+            settlement = await self._with_naming_fallback(settle, route, log)
         except StorageRefused as refused:
             if refused.fault is Fault.owner_refused:
                 self._stuck(claim, str(refused), log)
@@ -94,7 +110,7 @@ class Settling:
             )
             await self.fail(route, claim, failure, started, log)
             return
-        except ClaimLost:
+        except (ClaimLost, OriginalVanished):
             raise
         except Exception as error:  # a bug in writing costs this document only
             log.exception("document.internal_error", stage=Stage.write.value)

@@ -30,7 +30,16 @@ _LEGACY_TEMPORARY = re.compile(r"^\.ocrd-\d+-[0-9a-f]{8}\.tmp$")  # an older ocr
 def writer() -> str:
     """Who writes this process's temporaries: its instance name (`OCRD_INSTANCE`, or the
     host name; see `ocrd/intake/instances.py`), kept to safe characters."""
-    name = os.environ.get("OCRD_INSTANCE") or socket.gethostname()
+    return _safe_name(os.environ.get("OCRD_INSTANCE") or _host_name())
+
+
+@functools.cache
+def _host_name() -> str:  # asked once: every temporary file is named with it
+    return socket.gethostname()
+
+
+@functools.cache
+def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "ocrd"
 
 
@@ -278,9 +287,10 @@ def write_new_file(target: Path, data: bytes) -> None:
     """
     temporary = _durable_temporary(target.parent, data)
     try:
-        rename_new(temporary, target)
-    finally:
+        rename_new(temporary, target)  # which leaves no temporary where it succeeds
+    except BaseException:
         temporary.unlink(missing_ok=True)
+        raise
     fsync_dir(target.parent)
 
 
@@ -321,11 +331,12 @@ def reserve(target: Path, owner: str) -> bool:
     temporary = temporary_path(target.parent)
     try:  # not fsynced: a plan lost in a power cut is made anew
         temporary.write_bytes(owner.encode())
-        rename_new(temporary, marker)
-    except FileExistsError:
-        return False
-    finally:
+        rename_new(temporary, marker)  # which leaves no temporary where it succeeds
+    except BaseException as error:
         temporary.unlink(missing_ok=True)  # a full disk must not fill up further
+        if isinstance(error, FileExistsError):
+            return False
+        raise
     if target.exists():  # made by someone who does not reserve (a person, an older ocrd)
         marker.unlink(missing_ok=True)
         return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -15,6 +16,13 @@ from ocrd.files.dropped import NotRegularFile, kind_of
 
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 OPEN_FOLDERS = Path("/proc/self/fd")  # a descriptor's path: the very folder it holds open
+
+
+@functools.cache
+def descriptors_named() -> bool:
+    """Whether /proc names this process's open descriptors (not in a chroot without
+    /proc): asked once, not at every write."""
+    return OPEN_FOLDERS.is_dir()
 
 
 def not_followed(name: str) -> NotRegularFile:
@@ -61,7 +69,7 @@ def beneath(root: Path, path: Path, make: bool = True) -> Iterator[Path]:
     `root`; NotRegularFile (ELOOP) where a link is on the way."""
     folder = path.parent
     parts = folder.relative_to(root).parts
-    if not OPEN_FOLDERS.is_dir():  # no /proc (a chroot): the plain path, checked once
+    if not descriptors_named():  # no /proc (a chroot): the plain path, checked once
         with folder_beneath(root, parts, make):
             yield path
         return
@@ -111,7 +119,7 @@ def held_folder(folder: Path) -> Iterator[Path]:
 def held(fd: int, path: Path) -> Path:
     """A path naming the folder open as `fd` (found at `path`) itself; `path` where there
     is no /proc to name it by."""
-    return OPEN_FOLDERS / str(fd) if OPEN_FOLDERS.is_dir() else path
+    return OPEN_FOLDERS / str(fd) if descriptors_named() else path
 
 
 def open_beneath(root: Path, parts: Sequence[str]) -> int:

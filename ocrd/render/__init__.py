@@ -11,6 +11,7 @@ must come back within a time limit or the child is killed.
     protocol.py  the typed requests and replies between the daemon and its workers
     worker.py    the worker process
     pool.py      the daemon's side: the workers, time limits, hand-off of pixels
+    wire.py      a request and its reply through a worker's socket, on the event loop
 """
 
 from ocrd.render.detect import detect_format

@@ -14,9 +14,9 @@ import contextlib
 import itertools
 import mmap
 import multiprocessing
-import multiprocessing.connection
 import os
 import secrets
+import socket
 import tempfile
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -53,6 +53,7 @@ from ocrd.render.protocol import (
     WriteSearchablePdf,
 )
 from ocrd.render.separators import SeparatorRules
+from ocrd.render.wire import exchange as exchanged
 from ocrd.render.worker import OPEN_SOURCES_PER_WORKER, worker_main
 
 WORKER_START_SECONDS = 60.0
@@ -82,9 +83,10 @@ def _shared_folder() -> str:
 class RenderWorker:
     """One child process, the sources it has open, and the buffer it hands pixels in.
 
-    Requests go through one thread, so they are answered in order even when the task that
-    asked was cancelled meanwhile; a request that runs out of time kills the child, which
-    is started again for the next one.
+    A request and its reply go through the child's socket on the event loop (`wire.py`),
+    each exchange run to its end even when the task that asked was cancelled meanwhile, and
+    the next request sent only after it; a request that runs out of time kills the child,
+    which is started again (in the worker's thread: starting it blocks) for the next one.
     """
 
     def __init__(self, limits: RenderLimits, buffer_bytes: int) -> None:
@@ -93,7 +95,8 @@ class RenderWorker:
         self.open: OrderedDict[SourceKey, int] = OrderedDict()  # mirrors the child's cache
         self._context = multiprocessing.get_context("spawn")
         self._process: multiprocessing.process.BaseProcess | None = None
-        self._conn: multiprocessing.connection.Connection | None = None
+        self._sock: socket.socket | None = None  # the daemon's end, non-blocking
+        self._exchange: asyncio.Task[Reply] | None = None  # the request in the child now
         self._buffer: mmap.mmap | None = None
         self._killed = False  # by kill(): replace it even if the kernel has not reaped it yet
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render-wait")
@@ -102,7 +105,7 @@ class RenderWorker:
 
     def ensure_started(self) -> None:
         alive = self._process is not None and self._process.is_alive()
-        if alive and self._conn is not None and not self._killed:
+        if alive and self._sock is not None and not self._killed:
             return
         self._killed = False
         self._cleanup()
@@ -122,29 +125,23 @@ class RenderWorker:
             child.close()
             parent.send(Ping())  # answered once the child has imported and mapped
             parent.recv()
+            sock = socket.socket(fileno=os.dup(parent.fileno()))
+            parent.close()
+            sock.setblocking(False)  # read on the event loop from now on
         finally:
             os.unlink(path)  # both sides hold the mapping; nothing is left behind
-        self._process, self._conn, self._buffer = process, parent, buffer
+        self._process, self._sock, self._buffer = process, sock, buffer
 
     def _cleanup(self) -> None:
         if self._process is not None:
             if self._process.is_alive():
                 self._process.kill()
             self._process.join(timeout=5)
-        if self._conn is not None:
-            self._conn.close()
+        if self._sock is not None:
+            self._sock.close()
         if self._buffer is not None:
             self._buffer.close()
-        self._process = self._conn = self._buffer = None
-
-    def _call(self, request: Request) -> Reply:
-        self.ensure_started()
-        assert self._conn is not None
-        self._conn.send(request)
-        reply: Reply = self._conn.recv()
-        if isinstance(reply, Failed):
-            raise RenderError(reply.message, page=reply.page, code=reply.code)
-        return reply
+        self._process = self._sock = self._buffer = None
 
     def pixels(self, number: int, page: RenderedPage) -> PageImage:
         """The page's image: its file, opened (PIL reads the header, the engine sends the
@@ -169,17 +166,14 @@ class RenderWorker:
     ) -> R:
         """Send `request` and wait for its reply of type `reply`, within the time limit (a
         page's, unless `seconds` says)."""
-        loop = asyncio.get_running_loop()
         page = getattr(request, "page", None)
         limit = seconds or self.limits.page_timeout_seconds
         try:
             if not self._running():  # starting a process is not the document's time
-                await asyncio.wait_for(
-                    loop.run_in_executor(self._thread, self.ensure_started), WORKER_START_SECONDS
-                )
-            answer = await asyncio.wait_for(
-                loop.run_in_executor(self._thread, self._call, request), timeout=limit
-            )
+                async with asyncio.timeout(WORKER_START_SECONDS):
+                    await self._started()
+            async with asyncio.timeout(limit):  # in this task: no task of its own to start
+                answer = await self._call(request)
         except TimeoutError:
             self.kill()
             raise RenderError(
@@ -195,16 +189,36 @@ class RenderWorker:
                 page=page,
                 code=RenderFailure.crashed,
             ) from None
+        if isinstance(answer, Failed):
+            raise RenderError(answer.message, page=answer.page, code=answer.code)
         if not isinstance(answer, reply):
             raise TypeError(f"a renderer answered {type(answer).__name__} to {request!r}")
         return answer
 
+    async def _started(self) -> None:
+        """The child ready for a request: the reply to an earlier one (whose asker was
+        cancelled) read, and a child started in the worker's thread where none runs."""
+        if self._exchange is not None and not self._exchange.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._exchange)
+        if not self._running():
+            await asyncio.get_running_loop().run_in_executor(self._thread, self.ensure_started)
+
+    async def _call(self, request: Request) -> Reply:
+        await self._started()
+        assert self._sock is not None
+        exchange = asyncio.ensure_future(exchanged(self._sock, request))
+        exchange.add_done_callback(_seen)
+        self._exchange = exchange
+        reply: Reply = await asyncio.shield(exchange)  # run to its end, whoever waits
+        return reply
+
     def _running(self) -> bool:
         """Whether the child looks ready, seen from the event loop: then a request goes
-        straight to `_call` (one thread hop, not two). Should the child die meanwhile,
-        `_call` starts another within the request's own time limit."""
+        straight to `_call`, no thread involved. Should the child die meanwhile, `_call`
+        starts another within the request's own time limit."""
         process = self._process
-        return process is not None and self._conn is not None and not self._killed and (
+        return process is not None and self._sock is not None and not self._killed and (
             process.is_alive()
         )
 
@@ -228,7 +242,11 @@ class RenderWorker:
     def forget(self, path: Path) -> None:
         """Remove a page file the child was asked to write, once it is done with the request
         (it may still write the file after the task that asked was cancelled)."""
-        self._thread.submit(_remove_quietly, path)
+        exchange = self._exchange
+        if exchange is None or exchange.done():
+            self._thread.submit(_remove_quietly, path)
+        else:
+            exchange.add_done_callback(lambda _: self._thread.submit(_remove_quietly, path))
 
     def kill(self) -> None:
         """Stop the child now (from the event loop); its thread cleans up before the next."""
@@ -240,6 +258,8 @@ class RenderWorker:
 
     def shutdown(self) -> None:
         self.kill()
+        if self._exchange is not None and not self._exchange.done():
+            self._exchange.cancel()  # its socket is closed below: no reply is waited for
         self._thread.submit(self._cleanup)
         self._thread.shutdown(wait=True, cancel_futures=True)
 
@@ -370,6 +390,13 @@ class RenderPool:
     def shutdown(self) -> None:
         for worker in self._workers:
             worker.shutdown()
+
+
+def _seen(exchange: asyncio.Task[Reply]) -> None:
+    """An exchange's error is its asker's to handle; one whose asker is gone (cancelled)
+    was the worker's death, handled by the next request: not logged as never retrieved."""
+    if not exchange.cancelled():
+        exchange.exception()
 
 
 def _remove_quietly(path: Path) -> None:
