@@ -70,11 +70,14 @@ class Changed(Exception):
         self.quarantined = quarantined
 
 
-def _user() -> str:
-    try:
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        return str(os.geteuid())
+class _User:
+    """ocrd's user, named in a refusal."""
+
+    def __str__(self) -> str:
+        try:
+            return pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            return str(os.geteuid())
 
 
 SHARED_INBOX_FIX = "or set the inbox up as the README's 'A shared inbox' says"
@@ -96,7 +99,7 @@ def check_claimable(place: Place, entry: os.stat_result) -> None:
     (and read it): nothing is touched to find out. Changed if the entry is no longer
     `entry` (a refusal then says nothing about the file that was checked). Blocking."""
     where = place.shown
-    user = _user()
+    user = _User()  # its name is read from the user database only for a refusal
     refusal: NotClaimable | None = None
     parent = os.stat(place.folder)
     if not os.access(".", os.W_OK | os.X_OK, dir_fd=place.folder):

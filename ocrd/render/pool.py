@@ -92,7 +92,8 @@ class RenderWorker:
     def __init__(self, limits: RenderLimits, buffer_bytes: int) -> None:
         self.limits = limits
         self.buffer_bytes = buffer_bytes
-        self.open: OrderedDict[SourceKey, int] = OrderedDict()  # mirrors the child's cache
+        # Mirrors the child's cache of open files, with their page counts where asked.
+        self.open: OrderedDict[SourceKey, int | None] = OrderedDict()
         self._context = multiprocessing.get_context("spawn")
         self._process: multiprocessing.process.BaseProcess | None = None
         self._sock: socket.socket | None = None  # the daemon's end, non-blocking
@@ -165,9 +166,15 @@ class RenderWorker:
         self, request: Request, reply: type[R], what: str, seconds: float | None = None
     ) -> R:
         """Send `request` and wait for its reply of type `reply`, within the time limit (a
-        page's, unless `seconds` says)."""
+        page's, unless `seconds` says). A request about a file this child has not open
+        opens it there first, with a page's time limit for the opening added: one exchange
+        instead of two."""
         page = getattr(request, "page", None)
         limit = seconds or self.limits.page_timeout_seconds
+        key: SourceKey | None = getattr(request, "source", None)
+        if key is not None and key not in self.open and not isinstance(request, Open):
+            limit += self.limits.page_timeout_seconds
+            what = f"opening the document and {what}"
         try:
             if not self._running():  # starting a process is not the document's time
                 async with asyncio.timeout(WORKER_START_SECONDS):
@@ -189,11 +196,25 @@ class RenderWorker:
                 page=page,
                 code=RenderFailure.crashed,
             ) from None
+        if key is not None:
+            self._mirror(key, answer)
         if isinstance(answer, Failed):
             raise RenderError(answer.message, page=answer.page, code=answer.code)
         if not isinstance(answer, reply):
             raise TypeError(f"a renderer answered {type(answer).__name__} to {request!r}")
         return answer
+
+    def _mirror(self, key: SourceKey, answer: Reply) -> None:
+        """Follow the child's cache of open files: a request for `key` answered puts it
+        last (the child's least recently used goes first). After a failure, which may have
+        been the opening, the source is forgotten here: should the child still have it, a
+        later request only gets the opening's time besides its own."""
+        pages = self.open.pop(key, None)
+        if isinstance(answer, Failed):
+            return
+        self.open[key] = answer.pages if isinstance(answer, Opened) else pages
+        while len(self.open) > OPEN_SOURCES_PER_WORKER:
+            self.open.popitem(last=False)
 
     async def _started(self) -> None:
         """The child ready for a request: the reply to an earlier one (whose asker was
@@ -223,17 +244,15 @@ class RenderWorker:
         )
 
     async def open_source(self, key: SourceKey) -> int:
-        """Open a source here (its page count): its first request's time limit is for
+        """Open a source here and count its pages: the first request's time limit is for
         opening alone, and its pages then prefer this worker."""
-        if key in self.open:
+        pages = self.open.get(key)
+        if pages is None:  # not open, or opened by a page whose request did not count them
+            pages = (await self.request(Open(key), Opened, "opening the document")).pages
+        else:
             self.open.move_to_end(key)
-            return self.open[key]
-        pages = (await self.request(Open(key), Opened, "opening the document")).pages
         if pages < 1:
             raise RenderError("the document has no pages", code=RenderFailure.no_pages)
-        self.open[key] = pages
-        while len(self.open) > OPEN_SOURCES_PER_WORKER:
-            self.open.popitem(last=False)
         return pages
 
     async def start(self) -> None:
@@ -316,8 +335,6 @@ class RenderPool:
     async def _worker(self, source: SourceFile | None) -> AsyncIterator[RenderWorker]:
         worker = await self._acquire(source.key if source is not None else None)
         try:
-            if source is not None:
-                await worker.open_source(source.key)
             yield worker
         finally:
             self._give_back(worker)  # synchronous: a second cancellation cannot lose it
