@@ -168,6 +168,15 @@ def orphans_come_back() -> None:
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+KEPT_BY_THE_MODULE = pytest.StashKey[set[int]]()
+
+
+def keep_running(request: pytest.FixtureRequest, pid: int) -> None:
+    """A process the test started for a module's shared fixture (an engine replica it
+    restarted), which the fixture's own teardown ends: not a leftover of the test."""
+    request.node.stash.setdefault(KEPT_BY_THE_MODULE, set()).add(pid)
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     """After each test (and its other fixtures' teardown), the processes it started that are
@@ -178,7 +187,8 @@ def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     before = _descendants()
 
     def leftovers() -> set[int]:
-        return _descendants(before | _kept_for_the_session())
+        kept = request.node.stash.get(KEPT_BY_THE_MODULE, set())
+        return _descendants(before | kept | _kept_for_the_session())
 
     yield
     deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import files_under, markdown_under, wait_until
+from conftest import files_under, keep_running, markdown_under, wait_until
 from helpers import make_pdf
 from tiny_model import vllm_engine_section
 
@@ -157,7 +157,7 @@ def test_a_documents_pages_spread_over_two_vllm_replicas(running: Running, tmp_p
 
 
 def test_a_vllm_replica_killed_mid_run_is_restarted_and_no_page_fails(
-    running: Running, tmp_path: Path
+    running: Running, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     engine = running.engine
     victim = engine.replicas[0]
@@ -185,6 +185,8 @@ def test_a_vllm_replica_killed_mid_run_is_restarted_and_no_page_fails(
 
     results = running.run(scenario())
     restarted, other = engine.replicas
+    if restarted.pid is not None:  # the module's engine stops it, with the other replica
+        keep_running(request, restarted.pid)
     assert all(isinstance(r, PageText) for r in results), results
     assert restarted.deaths_with_pages == 1 and restarted.restarts == 1
     assert restarted.state is ReplicaState.ready and restarted.pid != victim.pid
