@@ -3,6 +3,7 @@
     python benchmarks/profile_daemon.py --load stress [--tree DIR] [--top 15] [--no-profile]
     python benchmarks/profile_daemon.py --load real [--tree DIR]
     python benchmarks/profile_daemon.py --load stress --no-profile --lag [--tree DIR]
+    python benchmarks/profile_daemon.py --load real --no-profile --pin [--tree DIR]
 
 `--load stress`: 256 A5 pages in 16 PDFs, simulated engine at 0.5 s a page and 128 at once,
 256 pages and 64 documents in flight (set explicitly, so older checkouts run the same).
@@ -18,7 +19,10 @@ the same pages and handing them over (the work the daemon cannot avoid), for com
 ready, with `--subprocesses`) by own and by total samples. `--lag` runs the daemon with the
 probe of `benchmarks/lagprobe/` and reports how late its event loop answered while the
 load ran (worst, 99th percentile): blocking work on the loop shows there. Take lag figures
-with `--no-profile`, since py-spy pauses the process to sample it. `--tree` runs another
+with `--no-profile`, since py-spy pauses the process to sample it. `--pin` keeps the main
+process on the first CPU and its render workers on the others once the daemon is ready, so
+that the workers' rendering does not share a core with the figure measured (on a shared
+2-core machine the main process's figure then spreads less between runs). `--tree` runs another
 checkout's `ocrd` (a worktree of an older commit with its own `.venv` holding an editable
 install of it), so the same script measures before and after a change.
 """
@@ -35,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 from harness import CORPUS, REPO, DaemonRun, make_pdf, simulated_engine
 
 
@@ -160,6 +165,18 @@ def start_profiler(
     return profiler
 
 
+def pin(daemon: DaemonRun) -> None:
+    """The main process (all its threads) on the first CPU, its children on the others."""
+    main_process, *children = daemon.processes()
+    cpus = main_process.cpu_affinity()
+    if len(cpus) < 2:
+        sys.exit("--pin needs at least two CPUs")
+    for thread in main_process.threads():
+        psutil.Process(thread.id).cpu_affinity(cpus[:1])
+    for child in children:
+        child.cpu_affinity(cpus[1:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--load", choices=["stress", "real"], default="stress")
@@ -170,6 +187,9 @@ def main() -> None:
     parser.add_argument("--baseline", action="store_true", help="also time bare get_pixmap")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--gil", action="store_true", help="py-spy: the GIL's holder only")
+    parser.add_argument(
+        "--pin", action="store_true", help="main process on CPU 0, render workers on the rest"
+    )
     parser.add_argument(
         "--replicas",
         type=int,
@@ -196,6 +216,8 @@ def main() -> None:
             lag_probe=args.lag,
         )
         daemon.wait_for("daemon.ready", timeout=300)
+        if args.pin:
+            pin(daemon)
         raw = folder / "profile.txt"
         profiler = None if args.no_profile else start_profiler(
             daemon.process.pid, args.rate, raw, args.gil
@@ -213,7 +235,8 @@ def main() -> None:
         daemon.stop()
 
         seconds = finished - started
-        print(f"tree {args.tree}: load {args.load}, {len(paths)} documents, {pages} pages")
+        pinned = ", pinned" if args.pin else ""
+        print(f"tree {args.tree}: load {args.load}{pinned}, {len(paths)} documents, {pages} pages")
         print(f"{seconds:.2f} s, {pages / seconds:.1f} pages/s")
         main_ms = 1000 * (main_after - main_before) / pages
         workers_ms = 1000 * (workers_after - workers_before) / pages

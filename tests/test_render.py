@@ -123,6 +123,30 @@ def test_a_renderer_that_hangs_is_killed_after_the_page_timeout(corpus: Path) ->
     asyncio.run(run())
 
 
+def test_a_page_that_opens_its_document_gets_the_openings_time_too(corpus: Path) -> None:
+    """A page sent to a renderer that does not have its document open opens it in the same
+    request: the time limit is the page's and the opening's, and the message says so."""
+
+    async def run():
+        pool = RenderPool(1, RenderLimits(page_timeout_seconds=0.5))
+        try:
+            await pool.warm_up()
+            doc = document(corpus / "real" / "ocrmypdf__linn.pdf")
+            process = only_worker(pool)._process
+            os.kill(process.pid, signal.SIGSTOP)
+            expected = r"opening the document and page 1 took longer than 1 s"
+            with pytest.raises(RenderError, match=expected):
+                await pool.render(doc, 1)
+            process.join(timeout=5)
+            assert not process.is_alive()
+            assert (await pool.render(doc, 1)).number == 1  # opened anew by the next renderer
+            assert await pool.open(doc) == 1
+        finally:
+            pool.shutdown()
+
+    asyncio.run(run())
+
+
 def test_a_renderer_that_dies_during_a_page_fails_that_page_only(corpus: Path) -> None:
     async def run():
         pool = RenderPool(1, RenderLimits())
