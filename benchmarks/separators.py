@@ -145,7 +145,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    buffer = mmap.mmap(-1, 2048 * 2048 * 3)
+    buffer = mmap.mmap(-1, 2048 * 2048 * 4)  # a page as the workers hand it over (RGBX)
     columns = ("render", "patch_t", "barcode", "all", "144 only")
     print(f"CPU ms per page, best of {args.repeat} (one core)")
     header = f"{'page':38} {'as':13} {'engine px':>10} " + " ".join(f"{c:>9}" for c in columns)

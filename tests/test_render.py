@@ -76,6 +76,38 @@ def test_pixels_through_the_shared_buffer_match_a_direct_render(corpus: Path) ->
     assert page.image.tobytes() == direct.tobytes()
 
 
+@pytest.mark.parametrize("largest_side", [2048, 64], ids=["shared buffer", "in the reply"])
+def test_pixels_handed_over_are_the_sources_own(corpus: Path, largest_side: int) -> None:
+    """A page's pixels cross to the daemon four bytes a pixel, through the buffer it shares
+    with the worker or, where they do not fit it, in the reply: what arrives is the page as
+    PyMuPDF renders it, and a scan's own pixels."""
+    import pymupdf
+
+    pdf = corpus / "real" / "ocrmypdf__linn.pdf"
+    scan = corpus / "scans" / "multipage-scan.tif"
+
+    async def run():
+        pool = RenderPool(1, RenderLimits(), largest_side=largest_side)
+        try:
+            pages = []
+            for path in (pdf, scan):
+                doc = document(path, RenderSettings(dpi=72, max_image_side=4000))
+                await pool.open(doc)
+                pages.append(await pool.render(doc, 1))
+            return pages
+        finally:
+            pool.shutdown()
+
+    rendered, scanned = asyncio.run(run())
+    with pymupdf.open(pdf) as doc:
+        pixmap = doc[0].get_pixmap(dpi=72, alpha=False)
+        direct = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples)
+    assert rendered.image.mode == "RGB"
+    assert rendered.image.tobytes() == direct.tobytes()
+    with Image.open(scan) as image:
+        assert scanned.image.tobytes() == image.convert("RGB").tobytes()
+
+
 def test_a_multi_page_tiff_gives_its_pages_in_order(corpus: Path) -> None:
     pages = render_all(corpus / "scans" / "multipage-scan.tif", RenderSettings(max_image_side=1000))
     assert [page.number for page in pages] == [1, 2, 3]

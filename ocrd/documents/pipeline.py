@@ -110,7 +110,7 @@ class Pipeline:
         pool = RenderPool(
             config.render_workers_for(),
             RenderLimits.of(config),
-            buffer_bytes=buffer_side * buffer_side * 3,
+            largest_side=buffer_side,
             page_folder=engine.page_folder,
         )
         budget = PageBudget(config.pages_in_flight_for(engine.max_concurrency))

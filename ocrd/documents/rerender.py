@@ -45,8 +45,7 @@ async def rerender(
     """Write `<out>/<name>.md` (and its companions; for a document split at separator
     sheets, each part's) for `document` from `raw`; the Markdown files written."""
     texts = read_raw(raw)
-    side = settings.render.max_image_side
-    pool = RenderPool(1, limits, buffer_bytes=side * side * 3)
+    pool = RenderPool(1, limits, largest_side=settings.render.max_image_side)
     try:
         with tempfile.TemporaryDirectory(prefix="ocrd-rerender-") as scratch:
             source = SourceFile(document, detect_format(document), settings.render)

@@ -4,7 +4,7 @@ good enough to stand in for recognising its pixels."""
 from __future__ import annotations
 
 import re
-from typing import Any, cast
+from typing import Any
 
 from PIL import Image
 
@@ -26,12 +26,12 @@ MAX_INVISIBLE_TEXT = 0.5  # more is an OCR layer laid under a scan by an older t
 MAX_IMAGE_COVER = 0.5  # more of the page under images: a scan, or a page made of pictures
 
 
-def looks_blank(pixels: memoryview | bytes, width: int, height: int) -> bool:
+def looks_blank(image: Image.Image) -> bool:
     """Whether an RGB page is blank at this resolution: no tile of it holds ink that stands
     out from the paper. Bleed-through, paper tone, specks and scanner edges do not count;
     a few words or a page number do. Pillow's C code only: a few ms a page."""
-    buffer = cast(bytes, pixels)  # any buffer will do; Pillow's stubs name only bytes
-    gray = Image.frombuffer("RGB", (width, height), buffer, "raw", "RGB", 0, 1).convert("L")
+    width, height = image.size
+    gray = image.convert("L")
     dx, dy = int(width * BLANK_MARGIN), int(height * BLANK_MARGIN)
     inner = gray.crop((dx, dy, width - dx, height - dy)).reduce(2)
     if inner.width < BLANK_TILE or inner.height < BLANK_TILE:

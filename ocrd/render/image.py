@@ -15,7 +15,7 @@ from ocrd.files.dropped import NotRegularFile, open_input
 from ocrd.render.analysis import looks_blank
 from ocrd.render.detect import not_a_file
 from ocrd.render.errors import RenderError, RenderFailure
-from ocrd.render.pixels import hand_over, write_png
+from ocrd.render.pixels import HANDED_OVER, hand_over, write_png
 from ocrd.render.protocol import Region, RenderedPage, RenderLimits
 from ocrd.render.separators import SeparatorRules, detect_on_scan
 
@@ -58,7 +58,11 @@ class RasterSource:
         return float(self.image.info.get("dpi", (72, 72))[0] or 72)  # may be a fraction
 
     def render(
-        self, number: int, buffer: mmap.mmap, separators: SeparatorRules | None = None
+        self,
+        number: int,
+        buffer: mmap.mmap,
+        separators: SeparatorRules | None = None,
+        layout: str = HANDED_OVER,
     ) -> RenderedPage:
         frame = self._frame(number)
         original = frame
@@ -68,14 +72,13 @@ class RasterSource:
         if scale < 1.0:
             scaled = (max(1, round(width * scale)), max(1, round(height * scale)))
             frame = frame.resize(scaled, Image.Resampling.LANCZOS)
-        pixels = frame.tobytes()
-        blank = looks_blank(pixels, frame.width, frame.height)
-        size, payload = hand_over(pixels, buffer)
+        blank = looks_blank(frame)
+        size, payload = hand_over(frame, buffer, layout)
         # A barcode is read from the scan's own pixels, before they were scaled down.
         mark = detect_on_scan(original, dpi, separators, blank) if separators else None
         return RenderedPage(
             frame.width, frame.height, size, payload, width * 72.0 / dpi, height * 72.0 / dpi,
-            blank, mark,
+            blank, mark, layout=layout,
         )  # fmt: skip
 
     def figures(

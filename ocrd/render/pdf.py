@@ -21,7 +21,7 @@ from ocrd.files.dropped import NotRegularFile, open_input
 from ocrd.render.analysis import judge_text_layer, looks_blank
 from ocrd.render.detect import not_a_file
 from ocrd.render.errors import RenderError, RenderFailure
-from ocrd.render.pixels import hand_over, write_png
+from ocrd.render.pixels import HANDED_OVER, hand_over, write_png
 from ocrd.render.protocol import Region, RenderedPage, RenderLimits
 from ocrd.render.separators import SeparatorRules, detect_on_pdf_page
 from ocrd.text.grounding import Block, Box
@@ -70,7 +70,11 @@ class PdfSource:
         return any(self.doc.authenticate(password) for password in ("", *self.settings.passwords))
 
     def render(
-        self, number: int, buffer: mmap.mmap, separators: SeparatorRules | None = None
+        self,
+        number: int,
+        buffer: mmap.mmap,
+        separators: SeparatorRules | None = None,
+        layout: str = HANDED_OVER,
     ) -> RenderedPage:
         import pymupdf
 
@@ -90,13 +94,15 @@ class PdfSource:
             )
         zoom = min(full, self.settings.max_image_side / longest)
         pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False, colorspace="rgb")
-        # samples_mv points into the pixmap's memory: copy while the pixmap is alive.
-        blank = looks_blank(pixmap.samples_mv, pixmap.width, pixmap.height)
-        size, payload = hand_over(pixmap.samples_mv, buffer)
+        image = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples_mv)
+        del pixmap
+        blank = looks_blank(image)
+        size, payload = hand_over(image, buffer, layout)
         mark = detect_on_pdf_page(page, separators, blank) if separators else None
         return RenderedPage(
-            pixmap.width, pixmap.height, size, payload, rect.width, rect.height, blank, mark
-        )
+            image.width, image.height, size, payload, rect.width, rect.height, blank, mark,
+            layout=layout,
+        )  # fmt: skip
 
     def text_layer(self, number: int, running_lines: bool = True) -> TextLayer:
         """The page's own text as Markdown, if it is good enough to stand in for OCR;

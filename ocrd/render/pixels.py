@@ -14,13 +14,23 @@ from ocrd.files import rename_checked
 FIGURE_PNG_LEVEL = 3  # zlib level for figure files: much faster than 6, a few % larger
 
 
-def hand_over(pixels: memoryview | bytes, buffer: mmap.mmap) -> tuple[int, bytes | None]:
-    """Put a page's pixels where the daemon reads them: the shared buffer if they fit."""
+# How a page's pixels cross to the daemon: four bytes a pixel, the layout Pillow keeps an RGB
+# image in, so that taking them out of the buffer is a plain copy for the daemon's one
+# process (unpacking three bytes a pixel costs it twice as much: the worker does that). A
+# page written to a file for the engine (PPM) is RGB.
+HANDED_OVER = "RGBX"
+BYTES_PER_PIXEL = {"RGB": 3, "RGBX": 4}
+
+
+def hand_over(image: Image.Image, buffer: mmap.mmap, layout: str) -> tuple[int, bytes | None]:
+    """Put a page's pixels (an RGB image) where the daemon reads them, as `layout` ("RGB"
+    or "RGBX"): the shared buffer if they fit."""
+    pixels = image.tobytes("raw", layout)
     size = len(pixels)
     if size <= len(buffer):
         buffer[:size] = pixels
         return size, None
-    return size, bytes(pixels)
+    return size, pixels
 
 
 def write_png(image: Image.Image, path: Path) -> None:

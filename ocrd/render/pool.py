@@ -33,6 +33,7 @@ from ocrd.domain import Figure, InputFormat, PageImage, TextLayer
 from ocrd.handoff import WaitingLine
 from ocrd.output.searchable import SearchablePdfResult
 from ocrd.render.errors import RenderError, RenderFailure
+from ocrd.render.pixels import BYTES_PER_PIXEL, HANDED_OVER
 from ocrd.render.protocol import (
     CutFigures,
     Failed,
@@ -148,14 +149,15 @@ class RenderWorker:
         """The page's image: its file, opened (PIL reads the header, the engine sends the
         file itself), or copied out of the shared buffer before the next page."""
         image: Image.Image
+        size = (page.width, page.height)
         if page.file is not None:
             image = Image.open(page.file, formats=("PPM",))
         elif page.payload is None:
             assert self._buffer is not None
             with memoryview(self._buffer)[: page.size] as pixels:
-                image = Image.frombytes("RGB", (page.width, page.height), pixels)
+                image = Image.frombytes("RGB", size, pixels, "raw", page.layout)
         else:
-            image = Image.frombytes("RGB", (page.width, page.height), page.payload)
+            image = Image.frombytes("RGB", size, page.payload, "raw", page.layout)
         return PageImage(
             number, image, page.width_pt, page.height_pt, page.blank, page.separator
         )
@@ -294,14 +296,17 @@ class RenderPool:
         self,
         size: int,
         limits: RenderLimits,
-        buffer_bytes: int = 2048 * 2048 * 3,
+        largest_side: int = 2048,
         page_folder: Path | None = None,
     ):
-        """With `page_folder` (where the engine reads pages from files) pages are rendered
-        into files there, and the daemon's process never copies their pixels."""
+        """Each worker shares a buffer with the daemon that holds a page of `largest_side`
+        pixels a side (a larger one travels in its reply). With `page_folder` (where the
+        engine reads pages from files) pages are rendered into files there, and the
+        daemon's process never copies their pixels."""
         self.limits = limits
         self.page_folder = page_folder
         self._page_numbers = itertools.count(1)
+        buffer_bytes = largest_side * largest_side * BYTES_PER_PIXEL[HANDED_OVER]
         self._workers = [RenderWorker(limits, buffer_bytes) for _ in range(size)]
         self._idle: list[RenderWorker] = list(self._workers)
         self._line: WaitingLine[RenderWorker, None] = WaitingLine(

@@ -129,13 +129,14 @@ class RenderedPage:
 
     width: int
     height: int
-    size: int  # bytes of RGB pixels
+    size: int  # bytes of pixels, as `layout` says
     payload: bytes | None
     width_pt: float
     height_pt: float
     blank: bool
     separator: SeparatorMark | None = None  # where RenderPage asked
     file: Path | None = None  # the pixels as a PPM file, where RenderPage asked and it worked
+    layout: str = "RGB"  # of the pixels in the buffer or payload: "RGB" or "RGBX"
 
 
 @dataclass(frozen=True)

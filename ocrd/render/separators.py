@@ -153,7 +153,7 @@ def judged_by_blankness(rules: SeparatorRules, blank: bool) -> SeparatorMark:
 
 def _looks_blank(image: Image.Image) -> bool:
     rgb = image if image.mode == "RGB" else image.convert("RGB")
-    return looks_blank(rgb.tobytes(), rgb.width, rgb.height)
+    return looks_blank(rgb)
 
 
 def read_barcodes(image: Image.Image, symbologies: Sequence[Any] = ()) -> list[tuple[str, str]]:

@@ -74,8 +74,10 @@ class _Worker:
             case Open(source=key):
                 return Opened(self.source(key).page_count)
             case RenderPage(source=key, page=page, separators=separators, page_file=file):
-                rendered = self.source(key).render(page, self.buffer, separators)
-                return rendered if file is None else self.write_page_file(rendered, file)
+                if file is None:
+                    return self.source(key).render(page, self.buffer, separators)
+                rendered = self.source(key).render(page, self.buffer, separators, "RGB")
+                return self.write_page_file(rendered, file)
             case ReadTextLayer(source=key, page=page, running_lines=running_lines):
                 source = self.source(key)
                 if not isinstance(source, PdfSource):
