@@ -20,9 +20,9 @@ ready, with `--subprocesses`) by own and by total samples. `--lag` runs the daem
 probe of `benchmarks/lagprobe/` and reports how late its event loop answered while the
 load ran (worst, 99th percentile): blocking work on the loop shows there. Take lag figures
 with `--no-profile`, since py-spy pauses the process to sample it. `--pin` keeps the main
-process on the first CPU and its render workers on the others once the daemon is ready, so
-that the workers' rendering does not share a core with the figure measured (on a shared
-2-core machine the main process's figure then spreads less between runs). `--tree` runs another
+process (all its threads) on the first CPU and its render workers on the others once the
+daemon is ready: the workers' rendering then never shares a core with the process measured
+(on the shared 2-core machine it did not make the figure spread less). `--tree` runs another
 checkout's `ocrd` (a worktree of an older commit with its own `.venv` holding an editable
 install of it), so the same script measures before and after a change.
 """
