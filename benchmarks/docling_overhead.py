@@ -71,17 +71,6 @@ Figure 1: Sales by region.
 """
 
 
-def finished_at(daemon: DaemonRun, path: str) -> float:
-    [event] = daemon.wait_until(lambda: daemon.find("document.finished", path=path), 60)
-    return event.at
-
-
-def dropped(daemon: DaemonRun, pdf: Path, round_: int) -> float:
-    name = f"drop-{round_}.pdf"
-    appeared = daemon.drop(pdf, name)
-    return finished_at(daemon, name) - appeared
-
-
 def post(url: str, route: str, pdf: Path, round_: int) -> httpx.Response:
     with pdf.open("rb") as handle:
         files = {"files": (f"api-{round_}.pdf", handle, "application/pdf")}
@@ -171,7 +160,9 @@ def main() -> None:
             url = f"http://{listening.fields['address']}"
             daemon.wait_for("daemon.ready", timeout=300)
             synchronous(url, pdf, -1)  # the first task imports docling-core: not counted
-            drops, drop_cpu = phase(daemon, args.rounds, lambda r: dropped(daemon, pdf, r))
+            drops, drop_cpu = phase(
+                daemon, args.rounds, lambda r: daemon.drop_to_finish(pdf, f"drop-{r}.pdf")
+            )
             syncs, sync_cpu = phase(daemon, args.rounds, lambda r: synchronous(url, pdf, r))
             tasks, task_cpu = phase(daemon, args.rounds, lambda r: task(url, pdf, 1000 + r))
         finally:

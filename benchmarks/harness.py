@@ -158,6 +158,16 @@ class DaemonRun:
         hidden.rename(target)
         return time.monotonic()
 
+    def finished_at(self, path: str, timeout: float = 60) -> float:
+        """When the document `path` (relative to its inbox) finished."""
+        [event] = self.wait_until(lambda: self.find("document.finished", path=path), timeout)
+        return event.at
+
+    def drop_to_finish(self, source: Path, name: str) -> float:
+        """Seconds from `source` appearing in the inbox as `name` to its document finished."""
+        appeared = self.drop(source, name)
+        return self.finished_at(name) - appeared
+
     # --- processes -------------------------------------------------------------------------
 
     def processes(self) -> list[psutil.Process]:

@@ -35,17 +35,6 @@ TOKEN = "benchmark-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def finished_at(daemon: DaemonRun, path: str) -> float:
-    [event] = daemon.wait_until(lambda: daemon.find("document.finished", path=path), 60)
-    return event.at
-
-
-def dropped(daemon: DaemonRun, pdf: Path, round_: int) -> float:
-    name = f"drop-{round_}.pdf"
-    appeared = daemon.drop(pdf, name)
-    return finished_at(daemon, name) - appeared
-
-
 def uploaded(daemon: DaemonRun, url: str, pdf: Path, round_: int) -> tuple[float, float, float]:
     """Seconds to the 202, to `document.finished`, and to the waiting client's answer."""
     started = time.monotonic()
@@ -61,7 +50,7 @@ def uploaded(daemon: DaemonRun, url: str, pdf: Path, round_: int) -> tuple[float
     done = httpx.get(f"{body['status_url']}?wait=60", headers=AUTH, timeout=70).json()
     answered = time.monotonic()
     assert done["state"] == "done", done
-    return accepted - started, finished_at(daemon, body["path"]) - started, answered - started
+    return accepted - started, daemon.finished_at(body["path"]) - started, answered - started
 
 
 def large_upload(daemon: DaemonRun, url: str, megabytes: int) -> tuple[float, int]:
@@ -132,7 +121,7 @@ def main() -> None:
             uploads: list[float] = []
             answers: list[float] = []
             for round_ in range(args.rounds):
-                drops.append(dropped(daemon, pdf, round_))
+                drops.append(daemon.drop_to_finish(pdf, f"drop-{round_}.pdf"))
                 post, done, answer = uploaded(daemon, url, pdf, round_)
                 posts.append(post)
                 uploads.append(done)
