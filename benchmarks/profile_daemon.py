@@ -3,11 +3,12 @@
     python benchmarks/profile_daemon.py --load stress [--tree DIR] [--top 15] [--no-profile]
     python benchmarks/profile_daemon.py --load real [--tree DIR]
     python benchmarks/profile_daemon.py --load stress --no-profile --lag [--tree DIR]
-    python benchmarks/profile_daemon.py --load real --no-profile --pin [--tree DIR]
+    python benchmarks/profile_daemon.py --load real --no-profile [--pin] [--copies 4] [--tree DIR]
 
 `--load stress`: 256 A5 pages in 16 PDFs, simulated engine at 0.5 s a page and 128 at once,
 256 pages and 64 documents in flight (set explicitly, so older checkouts run the same).
-`--load real`: every PDF of ../shared/corpus/real and the olmOCR-Bench sample, at 144 DPI.
+`--load real`: every PDF of ../shared/corpus/real and the olmOCR-Bench sample, at 144 DPI
+(with `--copies N`, each N times: a longer run).
 
 The engine is the simulated one (a GPU's stand-in, costing the daemon little beyond what
 ocrd spends to hand it a page). Reported: pages per second from the first file dropped to
@@ -47,14 +48,17 @@ def stress_load(folder: Path) -> list[Path]:
     return [make_pdf(folder / f"doc{i}.pdf", 16, label=f"Doc {i} page") for i in range(16)]
 
 
-def real_load(folder: Path) -> list[Path]:
+def real_load(folder: Path, copies: int = 1) -> list[Path]:
+    """The real PDFs, each `copies` times under names of its own (a longer run)."""
     sources = sorted((CORPUS / "real").glob("*.pdf")) + sorted(
         (CORPUS / "olmocr-bench" / "pdfs").glob("*.pdf")
     )
     paths = []
-    for source in sources:
-        shutil.copy(source, folder / source.name)
-        paths.append(folder / source.name)
+    for copy in range(1, copies + 1):
+        for source in sources:
+            name = source.name if copy == 1 else f"{source.stem}-copy{copy}{source.suffix}"
+            shutil.copy(source, folder / name)
+            paths.append(folder / name)
     return paths
 
 
@@ -191,6 +195,9 @@ def main() -> None:
         "--pin", action="store_true", help="main process on CPU 0, render workers on the rest"
     )
     parser.add_argument(
+        "--copies", type=int, default=1, help="--load real: every PDF this many times"
+    )
+    parser.add_argument(
         "--replicas",
         type=int,
         default=0,
@@ -206,7 +213,7 @@ def main() -> None:
         folder = Path(tmp)
         load = folder / "load"
         load.mkdir()
-        paths = stress_load(load) if args.load == "stress" else real_load(load)
+        paths = stress_load(load) if args.load == "stress" else real_load(load, args.copies)
         pages = count_pages(paths)
         daemon = DaemonRun(
             folder / "ocrd",
