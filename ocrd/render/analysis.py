@@ -27,9 +27,9 @@ MAX_IMAGE_COVER = 0.5  # more of the page under images: a scan, or a page made o
 
 
 def looks_blank(image: Image.Image) -> bool:
-    """Whether an RGB page is blank at this resolution: no tile of it holds ink that stands
-    out from the paper. Bleed-through, paper tone, specks and scanner edges do not count;
-    a few words or a page number do. Pillow's C code only: a few ms a page."""
+    """Whether a page (RGB or grey) is blank at this resolution: no tile of it holds ink
+    that stands out from the paper. Bleed-through, paper tone, specks and scanner edges do
+    not count; a few words or a page number do. Pillow's C code only: a few ms a page."""
     width, height = image.size
     gray = image.convert("L")
     dx, dy = int(width * BLANK_MARGIN), int(height * BLANK_MARGIN)

@@ -19,7 +19,7 @@ FIGURE_PNG_LEVEL = 3  # zlib level for figure files: much faster than 6, a few %
 # process (unpacking three bytes a pixel costs it twice as much: the worker does that). A
 # page written to a file for the engine (PPM) is RGB.
 HANDED_OVER = "RGBX"
-BYTES_PER_PIXEL = {"RGB": 3, "RGBX": 4}
+HANDED_OVER_BYTES = 4  # a pixel
 
 
 def hand_over(image: Image.Image, buffer: mmap.mmap, layout: str) -> tuple[int, bytes | None]:

@@ -33,7 +33,7 @@ from ocrd.domain import Figure, InputFormat, PageImage, TextLayer
 from ocrd.handoff import WaitingLine
 from ocrd.output.searchable import SearchablePdfResult
 from ocrd.render.errors import RenderError, RenderFailure
-from ocrd.render.pixels import BYTES_PER_PIXEL, HANDED_OVER
+from ocrd.render.pixels import HANDED_OVER_BYTES
 from ocrd.render.protocol import (
     CutFigures,
     Failed,
@@ -306,7 +306,7 @@ class RenderPool:
         self.limits = limits
         self.page_folder = page_folder
         self._page_numbers = itertools.count(1)
-        buffer_bytes = largest_side * largest_side * BYTES_PER_PIXEL[HANDED_OVER]
+        buffer_bytes = largest_side * largest_side * HANDED_OVER_BYTES
         self._workers = [RenderWorker(limits, buffer_bytes) for _ in range(size)]
         self._idle: list[RenderWorker] = list(self._workers)
         self._line: WaitingLine[RenderWorker, None] = WaitingLine(

@@ -110,7 +110,7 @@ def detect_separator(
     only: call it in a render worker.
     """
     if blank is None:
-        blank = _looks_blank(image) if rules.active else False
+        blank = looks_blank(image) if rules.active else False
     if blank or not rules.reads_barcodes:  # a blank page has no bars and no barcode
         return judged_by_blankness(rules, blank)
     if rules.patch_t and has_patch_t_bars(image):
@@ -149,11 +149,6 @@ def judged_by_blankness(rules: SeparatorRules, blank: bool) -> SeparatorMark:
     """The mark of a page whose blankness decides it (blank, or no barcodes wanted)."""
     return SeparatorMark(SeparatorKind.blank if blank and rules.blank else SeparatorKind.none,
                          blank=blank)  # fmt: skip
-
-
-def _looks_blank(image: Image.Image) -> bool:
-    rgb = image if image.mode == "RGB" else image.convert("RGB")
-    return looks_blank(rgb)
 
 
 def read_barcodes(image: Image.Image, symbologies: Sequence[Any] = ()) -> list[tuple[str, str]]:
