@@ -4,13 +4,13 @@ default open-file limit, and a reverse proxy on the same host. Real sockets thro
 from __future__ import annotations
 
 import resource
+import signal
 import socket
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import write_config
+from conftest import wait_until, write_config
 from helpers import make_pdf
 from test_http import base_url
 
@@ -92,12 +92,23 @@ def test_behind_a_proxy_on_the_same_host_loopback_needs_the_token(
     assert daemon.stop() == 0
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler of its own for `signum` (SigCgt in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    [caught] = [line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")]
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
 def test_a_sighup_right_after_start_does_not_end_the_daemon(tmp_path: Path, start_daemon) -> None:
     """`systemctl reload` may come before the daemon is ready: it reloads once it is."""
     config = write_config(tmp_path)
     daemon = start_daemon(config)
-    time.sleep(0.3)  # the interpreter is up, the daemon's imports are still loading
-    daemon.process.send_signal(1)  # SIGHUP
+    # The first thing `ocrd run` does is take SIGHUP over (before that, a SIGHUP ends the
+    # process, or is lost where it was started with SIGHUP ignored: nohup); its imports and
+    # the engine's start come after, so this SIGHUP comes long before it is ready.
+    wait_until(lambda: catches(daemon.process.pid, signal.SIGHUP), 30, "SIGHUP taken over")
+    assert not daemon.find("daemon.ready")
+    daemon.process.send_signal(signal.SIGHUP)
     daemon.wait_for("daemon.ready", timeout=60)
     daemon.wait_for("config.reloaded", timeout=30)
     make_pdf(tmp_path / "data" / "inbox" / "after.pdf", 1)
