@@ -101,6 +101,23 @@ def test_a_fresh_lease_is_never_taken_over_and_an_expired_one_is(tmp_path: Path)
         owner.renew(Holder.here("a", LEASE))
 
 
+def test_a_lease_left_under_two_names_by_a_daemon_killed_while_renewing_is_taken_once(
+    tmp_path: Path,
+) -> None:
+    """Where renaming without replacing is a link and an unlink (NFS), a daemon killed
+    between the two leaves its lease under its name and its renewing name: both are taken
+    in one round, and reported as one takeover."""
+    owner, _ = started(tmp_path, "a")
+    taker, taker_holder = started(tmp_path, "b")
+    ids = claims(tmp_path, "a", 2)
+    os.link(tmp_path / LEASES / "a", tmp_path / LEASES / "a~renew~0123abcd")
+    age(owner, LEASE + 5)
+    [taken] = upkeep(taker, taker_holder).taken
+    assert taken.owner == "a" and taken.lease_age is not None and taken.lease_age > LEASE
+    assert sorted(f.name for f in taken.folders) == ids == sorted(os.listdir(tmp_path / "b"))
+    assert os.listdir(tmp_path / LEASES) == ["b"]
+
+
 def _race(work: str, name: str, start: float, results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     folder = LeaseFolder(Path(work), name)
     folder.current = folder.folder / name

@@ -26,6 +26,7 @@ from ocrd.intake.leases import (
     Survey,
     TakenOver,
     Waiting,
+    by_owner,
     claim_folders,
     conflict_message,
     orphans,
@@ -265,7 +266,7 @@ class LeaseFolder:
         self.claims_of(self.me).mkdir(mode=0o700, exist_ok=True)
         taken = self._finish_own_takeovers(survey)
         adopted = self.adopt([self.work / name for name in survey.legacy])
-        return Acquired(now, survey, len(own), taken, len(adopted))
+        return Acquired(now, survey, len(own), by_owner(taken), len(adopted))
 
     def _finish_own_takeovers(
         self, survey: Survey, giving_back: dict[str, str] | None = None
@@ -314,7 +315,7 @@ class LeaseFolder:
                 folders = self.adopt(claim_folders(self.claims_of(owner)))
                 if folders:
                     taken.append(TakenOver(owner, folders, None))
-        return Round(survey, taken)
+        return Round(survey, by_owner(taken))
 
     def _sweep_own_temporaries(self) -> None:
         """Probes and new leases an earlier run of ours left (named after us: no other

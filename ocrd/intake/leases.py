@@ -222,6 +222,20 @@ class TakenOver:
     lease_age: float | None  # of the owner's lease when it was taken; None for a marker
 
 
+def by_owner(taken: list[TakenOver]) -> list[TakenOver]:
+    """One takeover an instance: a daemon killed while renewing may leave its lease under
+    two names (linked, not yet unlinked), each taken in the same round."""
+    merged: dict[str, TakenOver] = {}
+    for one in taken:
+        before = merged.get(one.owner)
+        if before is None:
+            merged[one.owner] = one
+            continue
+        age = before.lease_age if before.lease_age is not None else one.lease_age
+        merged[one.owner] = TakenOver(one.owner, before.folders + one.folders, age)
+    return list(merged.values())
+
+
 @dataclass
 class Round:
     """What one renewal round found and did."""
