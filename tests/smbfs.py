@@ -5,7 +5,8 @@
 This machine's kernel has no vfat, so tests that need a target refusing names mount this
 instead: a passthrough to BACKING_FOLDER whose kernel mount answers EINVAL for names with
 `< > : " \\ | ? *`, control characters or a trailing dot or space (what Windows, Samba and
-vfat refuse), and EPERM for hard links (FAT has none). Everything else is passed through.
+vfat refuse), and EPERM for hard and symbolic links (FAT has none). Everything else is
+passed through.
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ class SmbLikeFs(mfusepy.Operations):
 
     def link(self, target: str, source: str) -> int:
         raise mfusepy.FuseOSError(errno.EPERM)  # FAT has no hard links
+
+    def symlink(self, target: str, source: str) -> int:
+        raise mfusepy.FuseOSError(errno.EPERM)  # nor symbolic ones (vfat's answer)
 
     def chmod(self, path: str, mode: int) -> int:
         return 0

@@ -6,11 +6,14 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from conftest import files_under
+from mounts import smb_like
 
 from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
 from ocrd.domain import DocumentFailed, DocumentResult, InputFormat
 from ocrd.engines.base import PageText
+from ocrd.files import free_name, holds, release, reserve
 from ocrd.intake.claiming import WorkArea
 from ocrd.output.page import PageResult
 from ocrd.output.settle import Settler
@@ -110,3 +113,43 @@ def test_restart_before_markdown_was_in_place_converts_again(tmp_path: Path) -> 
 
     [recovered] = work.recover()
     assert settler.resume(recovered) is None
+
+
+def reservations(folder: Path) -> dict[str, str]:
+    """The reservation markers in `folder`: name -> "link to <text>" or "file holding <text>"."""
+    found = {}
+    for marker in folder.glob(".*.ocrd-reserved"):
+        if marker.is_symlink():
+            found[marker.name] = f"link to {os.readlink(marker)}"
+        else:
+            found[marker.name] = f"file holding {marker.read_text()}"
+    return found
+
+
+def test_a_name_is_held_by_one_planner_at_a_time_and_older_markers_count(tmp_path: Path) -> None:
+    target = tmp_path / "a.md"
+    assert reserve(target, "claim-1") and reserve(target, "claim-1")  # again: still its own
+    assert not reserve(target, "claim-2")
+    assert reservations(tmp_path) == {".a.md.ocrd-reserved": "link to claim-1"}
+    assert free_name(target) == tmp_path / "a-2.md"  # a name held is not free
+    release(target, "claim-2")  # not its to give up
+    assert holds(target, "claim-1") and not holds(target, "claim-2")
+    release(target, "claim-1")
+    assert reservations(tmp_path) == {} and reserve(target, "claim-2")
+    # A marker an older ocrd made (a file holding its claim's id) holds the name too.
+    older = tmp_path / "b.md"
+    (tmp_path / ".b.md.ocrd-reserved").write_text("claim-3")
+    assert holds(older, "claim-3") and not reserve(older, "claim-4")
+    release(older, "claim-3")
+    assert not (tmp_path / ".b.md.ocrd-reserved").exists()
+
+
+@pytest.mark.mounts
+def test_where_links_are_refused_a_name_is_held_by_a_file(tmp_path: Path) -> None:
+    with smb_like(tmp_path / "share") as share:
+        target = share / "a.md"
+        assert reserve(target, "claim-1") and not reserve(target, "claim-2")
+        assert reservations(share) == {".a.md.ocrd-reserved": "file holding claim-1"}
+        assert holds(target, "claim-1") and free_name(target) == share / "a-2.md"
+        release(target, "claim-1")
+        assert reservations(share) == {} and sorted(os.listdir(share)) == []

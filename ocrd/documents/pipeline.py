@@ -301,7 +301,10 @@ class Pipeline:
             engine_interval=result.text.engine_interval,
             source=result.source.value,
         )
-        if run.journal is not None:
+        # The last page to be recognised is not journaled: the document settles next, and
+        # a crash before that costs that page again, where journaling it would cost a file
+        # (a one-page document's only one) and a thread hop each document.
+        if run.journal is not None and run.progress.done < run.progress.pages:
             await asyncio.to_thread(run.journal.append, result)
         for callback in self.on_page_done:
             callback(result)

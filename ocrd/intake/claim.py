@@ -30,7 +30,7 @@ from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 from ocrd.domain import Outcome
-from ocrd.files import fsync_dir, release, replace_file, reserve
+from ocrd.files import release, replace_file, reserve
 from ocrd.files.beneath import beneath_one_of
 from ocrd.files.dropped import NotRegularFile
 
@@ -146,7 +146,9 @@ class ClaimState:
     inbox: str
     relative_path: str
     claimed_at: str
-    attempts: int = 0  # how often processing started (for the failure report)
+    # How often processing started (for the failure report). A new claim is saved with its
+    # first attempt counted: the dispatcher starts it at once.
+    attempts: int = 0
     # The page of this document that was in the engine each time the engine died with it
     # there: the evidence of crash accounting (a kill from outside is no evidence).
     engine_deaths: list[int] = field(default_factory=list)
@@ -162,6 +164,9 @@ class Claim:
     folder: Path
     state: ClaimState
     tenure: Tenure = field(default=UNSHARED, repr=False, compare=False)
+    # Whether the next attempt was counted when the claim was saved (a new claim's first):
+    # it then writes nothing, one new file a document less.
+    counted: bool = field(default=False, repr=False, compare=False)
 
     @property
     def id(self) -> str:
@@ -200,16 +205,24 @@ class Claim:
         """ClaimLost unless this daemon still holds the claim: asked before every write."""
         self.tenure.check()
 
-    def save(self) -> None:
+    def save(self, sync_folder: bool = True) -> None:
         """Write the state into the claim folder, which is never made again if it is gone
-        (another daemon took the claim over and moved it)."""
+        (another daemon took the claim over and moved it). Without `sync_folder`, a power
+        cut may leave the state before (see `replace_file`)."""
         self.check_held()
         data = json.dumps(asdict(self.state), indent=2).encode()
-        replace_file(self.folder / STATE_FILE, data, make_folder=False)
+        replace_file(self.folder / STATE_FILE, data, make_folder=False, sync_folder=sync_folder)
 
     def start_attempt(self) -> int:
+        """Count an attempt (ClaimLost where the claim is no longer held). The count must
+        outlive a crash of the daemon, which the page cache keeps; one lost in a power cut
+        costs nothing but a lower count, so the folder is not synced for it."""
+        if self.counted:
+            self.counted = False
+            self.check_held()
+            return self.state.attempts
         self.state.attempts += 1
-        self.save()
+        self.save(sync_folder=False)
         return self.state.attempts
 
     def quarantine(self, reason: str) -> None:
@@ -226,10 +239,11 @@ class Claim:
         self.save()
 
     def release(self) -> None:
-        """Remove the claim folder once the original has left it."""
+        """Remove the claim folder once the original has left it. Not synced: a claim
+        folder found again after a power cut holds no original and is settled, or removed,
+        at the next start, as after a crash half way through this removal."""
         self.check_held()
         shutil.rmtree(self.folder, ignore_errors=True)
-        fsync_dir(self.folder.parent)
 
 
 @dataclass(frozen=True)

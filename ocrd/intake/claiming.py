@@ -238,11 +238,15 @@ class WorkArea:
                 str(self.inbox),
                 str(relative),
                 now_iso(),
+                attempts=1,
                 companions=[str(c.relative_to(self.inbox)) for c in companions],
             )
-            claim = Claim(folder, state, tenure)
+            claim = Claim(folder, state, tenure, counted=True)
             try:
-                claim.save()  # first: a claim folder without its original is known empty
+                # First: a claim folder without its original is known empty. Where the
+                # original lands in the claim folder itself, the folder sync after the move
+                # makes both names durable.
+                claim.save(sync_folder=claim.path.parent != folder)
                 moved = self._move_in(place, claim, claim.path, Identity.of(entry))
             except BaseException:
                 if not claim.path.exists() and not claim.path.is_symlink():
@@ -306,7 +310,8 @@ class WorkArea:
         or it goes straight back (never opened, never followed). Where it cannot go back
         (its name was taken meanwhile), the claim is quarantined: kept, never processed,
         listed for an operator; nothing that arrived is ever deleted."""
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.parent != claim.folder:  # a companion in a subfolder
+            target.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.rename(place.name, target, src_dir_fd=place.folder)
         except FileNotFoundError:

@@ -95,10 +95,13 @@ def _move_original(source: Path, target: Path) -> None:
     ):
         source.unlink()  # an earlier run put it there and died before removing the source
         return
+    # The claim folder is not synced after the move: the target's folder sync makes the
+    # rename durable, and a copy across filesystems found again at the source after a
+    # power cut is removed above at the next start.
     try:
-        move_new(source, target)
+        move_new(source, target, sync_source=False)
     except FileExistsError:  # someone else's file took the name after it was planned
-        move_new(source, free_name(target, ERROR_SUFFIX))
+        move_new(source, free_name(target, ERROR_SUFFIX), sync_source=False)
     except PermissionError as error:
         if source.is_dir() and not os.access(source, os.W_OK):  # its owner's doing
             raise OwnerRefused(
