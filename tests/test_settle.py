@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import files_under
-from mounts import smb_like
+from mounts import smb_like, tmpfs
 
 from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
 from ocrd.domain import DocumentFailed, DocumentResult, InputFormat
@@ -115,41 +115,56 @@ def test_restart_before_markdown_was_in_place_converts_again(tmp_path: Path) -> 
     assert settler.resume(recovered) is None
 
 
-def reservations(folder: Path) -> dict[str, str]:
-    """The reservation markers in `folder`: name -> "link to <text>" or "file holding <text>"."""
+def reservations(folder: Path, plan: Path) -> dict[str, str]:
+    """The reservation markers in `folder`: name -> "the plan" (a hard link to `plan`) or
+    "a file holding <its text>"."""
     found = {}
     for marker in folder.glob(".*.ocrd-reserved"):
-        if marker.is_symlink():
-            found[marker.name] = f"link to {os.readlink(marker)}"
+        if plan.exists() and os.path.samefile(marker, plan):
+            found[marker.name] = "the plan"
         else:
-            found[marker.name] = f"file holding {marker.read_text()}"
+            found[marker.name] = f"a file holding {marker.read_text()}"
     return found
 
 
+def saved_plan(folder: Path, claim_id: str) -> Path:
+    """A claim's saved state, as `Claim.save` writes it (the file reservations link to)."""
+    folder.mkdir(exist_ok=True)
+    plan = folder / ".claim.json"
+    plan.write_text(json.dumps({"id": claim_id, "attempts": 1}, indent=2))
+    return plan
+
+
 def test_a_name_is_held_by_one_planner_at_a_time_and_older_markers_count(tmp_path: Path) -> None:
-    target = tmp_path / "a.md"
-    assert reserve(target, "claim-1") and reserve(target, "claim-1")  # again: still its own
-    assert not reserve(target, "claim-2")
-    assert reservations(tmp_path) == {".a.md.ocrd-reserved": "link to claim-1"}
-    assert free_name(target) == tmp_path / "a-2.md"  # a name held is not free
+    outbox, plan = tmp_path / "outbox", saved_plan(tmp_path / "claim", "claim-1")
+    outbox.mkdir()
+    target = outbox / "a.md"
+    assert reserve(target, "claim-1", plan) and reserve(target, "claim-1", plan)  # still its own
+    assert not reserve(target, "claim-2", saved_plan(tmp_path / "other", "claim-2"))
+    assert reservations(outbox, plan) == {".a.md.ocrd-reserved": "the plan"}
+    assert free_name(target) == outbox / "a-2.md"  # a name held is not free
     release(target, "claim-2")  # not its to give up
     assert holds(target, "claim-1") and not holds(target, "claim-2")
     release(target, "claim-1")
-    assert reservations(tmp_path) == {} and reserve(target, "claim-2")
+    assert reservations(outbox, plan) == {} and plan.exists()
     # A marker an older ocrd made (a file holding its claim's id) holds the name too.
-    older = tmp_path / "b.md"
-    (tmp_path / ".b.md.ocrd-reserved").write_text("claim-3")
-    assert holds(older, "claim-3") and not reserve(older, "claim-4")
+    older = outbox / "b.md"
+    (outbox / ".b.md.ocrd-reserved").write_text("claim-3")
+    assert holds(older, "claim-3") and not reserve(older, "claim-4", plan)
     release(older, "claim-3")
-    assert not (tmp_path / ".b.md.ocrd-reserved").exists()
+    assert not (outbox / ".b.md.ocrd-reserved").exists()
 
 
 @pytest.mark.mounts
-def test_where_links_are_refused_a_name_is_held_by_a_file(tmp_path: Path) -> None:
-    with smb_like(tmp_path / "share") as share:
-        target = share / "a.md"
-        assert reserve(target, "claim-1") and not reserve(target, "claim-2")
-        assert reservations(share) == {".a.md.ocrd-reserved": "file holding claim-1"}
-        assert holds(target, "claim-1") and free_name(target) == share / "a-2.md"
-        release(target, "claim-1")
-        assert reservations(share) == {} and sorted(os.listdir(share)) == []
+def test_where_no_link_can_be_made_a_name_is_held_by_a_file(tmp_path: Path) -> None:
+    """Links refused (an SMB-like share), and the plan on another filesystem (a tmpfs)."""
+    plan = saved_plan(tmp_path / "claim", "claim-1")
+    by_file = {".a.md.ocrd-reserved": "a file holding claim-1"}
+    with smb_like(tmp_path / "share") as share, tmpfs(tmp_path / "other", "1m") as other:
+        for folder, its_plan in ((share, plan), (tmp_path, saved_plan(other, "claim-1"))):
+            target = folder / "a.md"
+            assert reserve(target, "claim-1", its_plan) and not reserve(target, "claim-2", plan)
+            assert reservations(folder, its_plan) == by_file
+            assert holds(target, "claim-1") and free_name(target) == folder / "a-2.md"
+            release(target, "claim-1")
+            assert reservations(folder, its_plan) == {}

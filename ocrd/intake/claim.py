@@ -93,12 +93,13 @@ class Settlement:
                  *self.companions]  # fmt: skip
         return [Path(name) for name in names if name is not None]
 
-    def reserve(self, owner: str, roots: Sequence[Path] = ()) -> bool:
-        """Reserve every name for `owner`; the markers are made in folders opened below
-        `roots` (the output folders) without following a link."""
+    def reserve(self, owner: str, roots: Sequence[Path] = (), plan: Path | None = None) -> bool:
+        """Reserve every name for `owner` (by links to `plan`, its saved plan, where they
+        can be made: see `reserve`); the markers are made in folders opened below `roots`
+        (the output folders) without following a link."""
         for name in self.names():
             with beneath_one_of(roots, name) as held:
-                if not reserve(held, owner):
+                if not reserve(held, owner, plan):
                     return False
         return True
 
@@ -182,6 +183,11 @@ class Claim:
         return self.folder / ".scratch"
 
     @property
+    def saved(self) -> Path:
+        """The claim's state as last saved (replaced by each save, never rewritten)."""
+        return self.folder / STATE_FILE
+
+    @property
     def journal(self) -> Path:
         """Pages recognised so far, for resuming after a restart."""
         return self.folder / ".pages.jsonl"
@@ -211,7 +217,8 @@ class Claim:
         cut may leave the state before (see `replace_file`)."""
         self.check_held()
         data = json.dumps(asdict(self.state), indent=2).encode()
-        replace_file(self.folder / STATE_FILE, data, make_folder=False, sync_folder=sync_folder)
+        # Readable by ocrd alone: the names its settlement reserves are links to it.
+        replace_file(self.saved, data, make_folder=False, sync_folder=sync_folder, mode=0o600)
 
     def start_attempt(self) -> int:
         """Count an attempt (ClaimLost where the claim is no longer held). The count must

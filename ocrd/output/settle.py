@@ -204,7 +204,7 @@ class Settler:
         host, never plan the same files); false, holding nothing, where another planner
         holds one of them."""
         claim.plan(settlement)  # first: after a crash the claim knows which names may be ours
-        if settlement.reserve(claim.id, self.roots):
+        if settlement.reserve(claim.id, self.roots, claim.saved):
             return True
         settlement.release(claim.id, self.roots)
         return False
@@ -220,7 +220,7 @@ class Settler:
             return None
         fits = settlement.outcome == outcome and settlement.naming == naming
         complete = outcome is Outcome.failed or len(settlement.markdowns()) == parts
-        if fits and complete and settlement.reserve(claim.id, self.roots):
+        if fits and complete and settlement.reserve(claim.id, self.roots, claim.saved):
             return settlement
         self._abandon(settlement, claim.id)
         return None
