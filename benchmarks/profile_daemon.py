@@ -4,6 +4,7 @@
     python benchmarks/profile_daemon.py --load real [--tree DIR]
     python benchmarks/profile_daemon.py --load stress --no-profile --lag [--tree DIR]
     python benchmarks/profile_daemon.py --load real --no-profile [--pin] [--copies 4] [--tree DIR]
+                                        [--folder DIR]
 
 `--load stress`: 256 A5 pages in 16 PDFs, simulated engine at 0.5 s a page and 128 at once,
 256 pages and 64 documents in flight (set explicitly, so older checkouts run the same).
@@ -23,7 +24,10 @@ load ran (worst, 99th percentile): blocking work on the loop shows there. Take l
 with `--no-profile`, since py-spy pauses the process to sample it. `--pin` keeps the main
 process (all its threads) on the first CPU and its render workers on the others once the
 daemon is ready: the workers' rendering then never shares a core with the process measured
-(on the shared 2-core machine it did not make the figure spread less). `--tree` runs another
+(on the shared 2-core machine it did not make the figure spread less). `--folder` makes the
+run's folders inside the one given: on ext4 a new file's CPU depends on where its folder
+lies (0.03 to 0.7 ms on the CI machine kind), and a new temporary folder of the system's may
+lie anywhere, so runs to compare should share one. `--tree` runs another
 checkout's `ocrd` (a worktree of an older commit with its own `.venv` holding an editable
 install of it), so the same script measures before and after a change.
 """
@@ -198,6 +202,12 @@ def main() -> None:
         "--copies", type=int, default=1, help="--load real: every PDF this many times"
     )
     parser.add_argument(
+        "--folder",
+        type=Path,
+        default=None,
+        help="make the run's folders in this folder (default: the system's temporary one)",
+    )
+    parser.add_argument(
         "--replicas",
         type=int,
         default=0,
@@ -209,7 +219,7 @@ def main() -> None:
     if args.replicas:
         engine["simulated"]["replicas"] = args.replicas
 
-    with tempfile.TemporaryDirectory(prefix="ocrd-profile-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ocrd-profile-", dir=args.folder) as tmp:
         folder = Path(tmp)
         load = folder / "load"
         load.mkdir()
