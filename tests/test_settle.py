@@ -13,7 +13,8 @@ from mounts import smb_like, tmpfs
 from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
 from ocrd.domain import DocumentFailed, DocumentResult, InputFormat
 from ocrd.engines.base import PageText
-from ocrd.files import free_name, holds, release, reserve
+from ocrd.files import free_name
+from ocrd.files.reservations import holds, release, reserve
 from ocrd.intake.claiming import WorkArea
 from ocrd.output.page import PageResult
 from ocrd.output.settle import Settler

@@ -30,9 +30,10 @@ from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 from ocrd.domain import Outcome
-from ocrd.files import release, replace_file, reserve
+from ocrd.files import replace_file
 from ocrd.files.beneath import beneath_one_of
 from ocrd.files.dropped import NotRegularFile
+from ocrd.files.reservations import release, reserve
 
 STATE_FILE = ".claim.json"
 

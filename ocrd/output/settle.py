@@ -27,7 +27,6 @@ from ocrd.domain import DocumentFailed, DocumentResult, Outcome
 from ocrd.files import (
     candidate_names,
     free_name,
-    holds,
     json_bytes,
     move_new,
     numbered,
@@ -35,6 +34,7 @@ from ocrd.files import (
 )
 from ocrd.files.beneath import beneath
 from ocrd.files.dropped import NotRegularFile, printable
+from ocrd.files.reservations import holds
 from ocrd.files.storage import OwnerRefused, safe_part, safe_relative
 from ocrd.intake.claim import Claim, Naming, Settlement, now_iso
 from ocrd.output.write import (
