@@ -87,6 +87,13 @@ class _Run:
     progress: Progress
     separators: SeparatorRules | None  # with split_on: what makes a separator sheet
 
+    def journal_for_page(self) -> PageJournal | None:
+        """The journal a page just recognised goes to; none for the last page to be
+        recognised: the document settles next, and a crash before that costs that page
+        again, where journaling it would cost a new file (a one-page document's only one)
+        and a thread hop each document."""
+        return self.journal if self.progress.done < self.progress.pages else None
+
 
 class Pipeline:
     def __init__(
@@ -189,7 +196,7 @@ class Pipeline:
     ) -> tuple[list[PageResult], list[PageRef]]:
         """The pages of `inputs`: those in `done` (the journal's) as they are, the rest
         rendered and recognised."""
-        counts = [await self._open(source, len(inputs) > 1) for source in inputs]
+        counts = [await _page_count(self.renderers, source, len(inputs) > 1) for source in inputs]
         refs = [PageRef(inputs[i], n) for i, n in page_order(counts, kind is SourceKind.duplex)]
         first, last = selected or (1, len(refs))
         numbers = range(first, min(last, len(refs)) + 1)
@@ -301,11 +308,8 @@ class Pipeline:
             engine_interval=result.text.engine_interval,
             source=result.source.value,
         )
-        # The last page to be recognised is not journaled: the document settles next, and
-        # a crash before that costs that page again, where journaling it would cost a file
-        # (a one-page document's only one) and a thread hop each document.
-        if run.journal is not None and run.progress.done < run.progress.pages:
-            await asyncio.to_thread(run.journal.append, result)
+        if (journal := run.journal_for_page()) is not None:
+            await asyncio.to_thread(journal.append, result)
         for callback in self.on_page_done:
             callback(result)
         return result
@@ -324,15 +328,6 @@ class Pipeline:
             run.log.debug("page.text_layer_refused", page=number, reason=layer.reason)
             return None, None if layer.reason == NO_TEXT_LAYER else layer.reason
         return text_layer_page(number, layer, run.settings.prompt), None
-
-    async def _open(self, source: SourceFile, one_of_several: bool) -> int:
-        """A file's page count; of a scan job's files, a failure names the file."""
-        try:
-            return await self.renderers.open(source)
-        except RenderError as error:
-            if not one_of_several:
-                raise
-            raise RenderError(f"{source.path.name}: {error}", code=error.code) from None
 
     async def _render(
         self, ref: PageRef, number: int, separators: SeparatorRules | None = None
@@ -392,6 +387,16 @@ class Pipeline:
                     retry_in_seconds=delay,
                 )
                 await asyncio.sleep(delay)
+
+
+async def _page_count(renderers: RenderPool, source: SourceFile, one_of_several: bool) -> int:
+    """A file's page count; of a scan job's files, a failure names the file."""
+    try:
+        return await renderers.open(source)
+    except RenderError as error:
+        if not one_of_several:
+            raise
+        raise RenderError(f"{source.path.name}: {error}", code=error.code) from None
 
 
 async def cut_figures(
