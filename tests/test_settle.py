@@ -154,6 +154,10 @@ def test_a_name_is_held_by_one_planner_at_a_time_and_older_markers_count(tmp_pat
     assert holds(older, "claim-3") and not reserve(older, "claim-4", plan)
     release(older, "claim-3")
     assert not (outbox / ".b.md.ocrd-reserved").exists()
+    # A FIFO someone made under a marker's name holds nothing and keeps the name, at once.
+    os.mkfifo(outbox / ".c.md.ocrd-reserved")
+    assert not holds(outbox / "c.md", "claim-1") and not reserve(outbox / "c.md", "claim-1", plan)
+    assert free_name(outbox / "c.md") == outbox / "c-2.md"
 
 
 @pytest.mark.mounts

@@ -15,8 +15,9 @@ from ocrd.files import rename_new, reservation_of, temporary_path
 def holds(target: Path, owner: str) -> bool:
     """Whether `owner` (a claim's id) holds the name `target`: its marker holds the id, or
     is a link to the claim's saved plan (JSON naming it)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO: no wait
     try:
-        fd = os.open(reservation_of(target), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(reservation_of(target), flags)
     except OSError:
         return False
     try:
