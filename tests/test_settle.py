@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ from mounts import smb_like, tmpfs
 from ocrd.config import DocumentOptions, InboxConfig, InboxEntry, PromptMode
 from ocrd.domain import DocumentFailed, DocumentResult, InputFormat
 from ocrd.engines.base import PageText
-from ocrd.files import free_name
+from ocrd.files import free_name, reservation_of
 from ocrd.files.reservations import holds, release, reserve
+from ocrd.intake.claim import Naming
 from ocrd.intake.claiming import WorkArea
 from ocrd.output.page import PageResult
 from ocrd.output.settle import Settler
@@ -173,3 +175,17 @@ def test_where_no_link_can_be_made_a_name_is_held_by_a_file(tmp_path: Path) -> N
             assert holds(target, "claim-1") and free_name(target) == folder / "a-2.md"
             release(target, "claim-1")
             assert reservations(folder, its_plan) == {}
+
+
+def test_a_claims_state_and_the_names_it_reserves_are_readable_by_ocrd_alone(
+    tmp_path: Path,
+) -> None:
+    inbox, work, settler = setup(tmp_path)
+    (inbox.path / "a.pdf").write_bytes(b"pdf")
+    claim = work.claim(inbox.path / "a.pdf")
+    assert claim is not None and stat.S_IMODE(os.stat(claim.saved).st_mode) == 0o600
+    plan = settler._plan_done(claim, Naming.original, 1)  # planned and reserved, not written
+    for name in plan.names():
+        marker = reservation_of(Path(name))
+        assert os.path.samefile(marker, claim.saved) and holds(Path(name), claim.id)
+        assert stat.S_IMODE(os.stat(marker).st_mode) == 0o600
