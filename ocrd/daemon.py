@@ -34,16 +34,16 @@ from ocrd.engines import (
     create_engine,
 )
 from ocrd.intake.inboxes import Intake
-from ocrd.intake.instances import InstanceNameError, Instances, Stopped, instance_name
-from ocrd.intake.leases import LeaseConflict
-from ocrd.intake.uploads import Uploads
 from ocrd.log import get_logger
 from ocrd.notify import SystemdNotifier
 from ocrd.output.hooks import Hooks
 from ocrd.service import Service
+from ocrd.sharing.instances import InstanceNameError, Instances, Stopped, instance_name
+from ocrd.sharing.leases import LeaseConflict
 from ocrd.signals import EarlySignals
 from ocrd.status import StatusReport
 from ocrd.supervise import Supervisor
+from ocrd.uploads.uploads import Uploads
 from ocrd.web.activity import Activity
 from ocrd.web.documents import Documents
 from ocrd.web.metrics import Metrics

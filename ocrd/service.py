@@ -7,7 +7,7 @@ systemd's watchdog pinged (from this loop only, so a stuck loop stops the pings)
 asks for a reload, which the next tick applies. The status report is put together from
 the parts that own each fact.
 
-Beside the loop, this daemon's leases are kept in the background (`ocrd/intake/instances.py`);
+Beside the loop, this daemon's leases are kept in the background (`ocrd/sharing/instances.py`);
 the service is told when one is lost (its documents are stopped), taken anew (its claims
 left are recovered) or brings claims over from a daemon that died (they are dispatched).
 """
@@ -30,10 +30,10 @@ from ocrd.documents.document import DocumentRunner
 from ocrd.documents.pipeline import Pipeline
 from ocrd.engines import Engine, EngineState, ReplicaFacts
 from ocrd.intake.inboxes import Inbox, Intake
-from ocrd.intake.instances import Instances
-from ocrd.intake.leases import TakenOver
 from ocrd.log import get_logger
 from ocrd.notify import ReloadRecord, SystemdNotifier
+from ocrd.sharing.instances import Instances
+from ocrd.sharing.leases import TakenOver
 from ocrd.status import (
     WAITING_LISTED,
     FinishedDocument,

@@ -256,7 +256,7 @@ def test_a_listed_name_that_resolves_to_an_internal_address_is_refused() -> None
     """`localhost` listed, but not the loopback address it resolves to: no fetch."""
     import asyncio
 
-    from ocrd.intake.uploads import UploadRefused
+    from ocrd.uploads.uploads import UploadRefused
     from ocrd.web.docling_sources import url_source
 
     with pytest.raises(UploadRefused, match=r"internal address 127\.0\.0\.1"):

@@ -1,5 +1,5 @@
-"""Leases on a shared work area by themselves (`ocrd/intake/leases.py`,
-`ocrd/intake/instances.py`): real files and folders, real processes racing; lease ages set
+"""Leases on a shared work area by themselves (`ocrd/sharing/leases.py`,
+`ocrd/sharing/instances.py`): real files and folders, real processes racing; lease ages set
 by giving a lease file an older modification time, which is all a lease's age is.
 Milliseconds each, but for the FUSE share."""
 
@@ -20,12 +20,13 @@ from mounts import network_share
 from ocrd.config import InboxEntry, parse_config
 from ocrd.config.reload import plan_reload
 from ocrd.files import rename_checked, rename_new
-from ocrd.intake import lease_folder
-from ocrd.intake.claim import ClaimLost
 from ocrd.intake.claiming import WorkArea
-from ocrd.intake.instances import InstanceNameError, Lease, instance_name
-from ocrd.intake.lease_folder import LeaseFolder
-from ocrd.intake.leases import (
+from ocrd.intake.mounts import filesystem_of, is_network_filesystem, polling_of
+from ocrd.intake.watch import scan
+from ocrd.sharing import lease_folder
+from ocrd.sharing.instances import InstanceNameError, Lease, instance_name
+from ocrd.sharing.lease_folder import LeaseFolder
+from ocrd.sharing.leases import (
     LEASES,
     Acquired,
     Holder,
@@ -35,8 +36,7 @@ from ocrd.intake.leases import (
     Waiting,
     takeable,
 )
-from ocrd.intake.mounts import filesystem_of, is_network_filesystem, polling_of
-from ocrd.intake.watch import scan
+from ocrd.sharing.tenure import ClaimLost
 
 LEASE = 30.0
 

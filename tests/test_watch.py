@@ -11,7 +11,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from ocrd.config import InboxConfig, InboxEntry
-from ocrd.intake.watch import InboxWatcher, QuietTracker, Ready, is_candidate_name, stat_all
+from ocrd.config.inboxes import is_candidate_name
+from ocrd.intake.watch import InboxWatcher, QuietTracker, Ready, stat_all
 
 
 def look(tracker: QuietTracker) -> list[Ready]:

@@ -7,7 +7,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -253,3 +253,34 @@ class InboxConfig(InboxEntry):
     failed: Path
     work: Path
 
+
+def job_folder_of(relative: PurePath, inbox: InboxConfig, is_directory: bool) -> PurePath | None:
+    """The scan job folder `relative` is (or lies in), by the inbox's `job_folders`."""
+    if not inbox.job_folders:
+        return None
+    folders = relative.parts if is_directory else relative.parts[:-1]
+    if not inbox.recursive:
+        folders = folders[:1]
+    for depth, name in enumerate(folders):
+        if name.startswith("."):
+            return None
+        if any(fnmatch.fnmatch(name, pattern) for pattern in inbox.job_folders):
+            return PurePath(*relative.parts[: depth + 1])
+    return None
+
+
+def is_candidate_name(relative: PurePath, inbox: InboxConfig) -> bool:
+    """Whether a path (relative to the inbox) names a file ocrd should consider at all."""
+    if any(part.startswith(".") for part in relative.parts):
+        return False  # hidden files and folders, including ocrd's own temporary files
+    name = relative.name
+    if name.startswith("~$") or name.lower().endswith(DEFAULT_TEMPORARY_SUFFIXES):
+        return False  # Office lock files and uploads still in progress
+    if not inbox.recursive and len(relative.parts) > 1:
+        return False
+    text = relative.as_posix()
+
+    def matches(pattern: str) -> bool:
+        return fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch(text, pattern)
+
+    return any(matches(p) for p in inbox.include) and not any(matches(p) for p in inbox.ignore)

@@ -102,7 +102,7 @@ class HttpConfig(Strict):
 
 
 class InstancesConfig(Strict):
-    """Several daemons on one shared inbox (`ocrd/intake/instances.py`)."""
+    """Several daemons on one shared inbox (`ocrd/sharing/instances.py`)."""
 
     # A daemon whose lease is this old (by the shared filesystem's clock) is taken to be
     # dead and its claims are taken over; a daemon stops writing for its claims after half

@@ -7,7 +7,7 @@ back in its task's done-callback, which runs on every path (done, failed, cancel
 its first step).
 
 Nothing of an inbox is claimed or started while this daemon does not hold its lease on the
-inbox's work area (`ocrd/intake/instances.py`); when the lease is lost, `give_up` stops that
+inbox's work area (`ocrd/sharing/instances.py`); when the lease is lost, `give_up` stops that
 inbox's documents and drops its recovered claims from the line. Where other daemons serve
 the inbox too, a daemon claims a new file only while few of its documents wait for the
 engine: a file it claimed and could not start soon would wait for it while another daemon
@@ -27,12 +27,13 @@ from ocrd.documents.document import DocumentRunner
 from ocrd.documents.route import Route
 from ocrd.domain import DocumentFailed, Stage
 from ocrd.files.dropped import printable
-from ocrd.intake.claim import Claim, ClaimLost
+from ocrd.intake.claim import Claim
 from ocrd.intake.claiming import Changed, NotClaimable
 from ocrd.intake.inboxes import Inbox, Intake, Job, Waiting
-from ocrd.intake.receiving import upload_of
-from ocrd.intake.tasks import TaskRecordError, task_of
 from ocrd.log import get_logger
+from ocrd.sharing.tenure import ClaimLost
+from ocrd.uploads.receiving import upload_of
+from ocrd.uploads.tasks import TaskRecordError, task_of
 
 # Running out of descriptors or memory is the daemon's state, not the file's: try again.
 RETRY_CLAIM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})

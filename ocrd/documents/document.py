@@ -13,7 +13,7 @@ or failed/, waiting out storage faults; whatever goes wrong while settling one d
 costs that document only.
 
 A claim this daemon no longer holds (its lease ended and another daemon may have taken it
-over, `ocrd/intake/instances.py`) ends its document at once, wherever it is, without writing
+over, `ocrd/sharing/instances.py`) ends its document at once, wherever it is, without writing
 anything more for it: `document.given_up`.
 """
 
@@ -33,9 +33,10 @@ from ocrd.documents.sources import SourceKind, Sources, job_snapshot
 from ocrd.domain import DocumentFailed, DocumentResult, Stage
 from ocrd.engines import EngineDeadError
 from ocrd.files.dropped import printable
-from ocrd.intake.claim import Claim, ClaimLost
+from ocrd.intake.claim import Claim
 from ocrd.log import FilteringBoundLogger, get_logger
 from ocrd.output.page import PageJournal
+from ocrd.sharing.tenure import ClaimLost
 from ocrd.status import DocumentProgress, eta
 
 JOB_CHANGES_TOLERATED = 1  # a scan job that changes while converted is converted once more

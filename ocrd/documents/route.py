@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ocrd.config import DocumentOptions, InboxConfig
-from ocrd.intake.tasks import TaskOptions
 from ocrd.output.settle import Settler
+from ocrd.uploads.tasks import TaskOptions
 
 
 @dataclass(frozen=True)

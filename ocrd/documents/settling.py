@@ -23,9 +23,10 @@ from ocrd.documents.route import Route
 from ocrd.domain import DocumentFailed, DocumentResult, DocumentSummary, Outcome, Stage
 from ocrd.files.dropped import printable
 from ocrd.files.storage import Fault, classify, describe
-from ocrd.intake.claim import Claim, ClaimLost, Naming, Settlement
+from ocrd.intake.claim import Claim, Naming, Settlement
 from ocrd.log import FilteringBoundLogger
 from ocrd.output.write import OutputFiles
+from ocrd.sharing.tenure import ClaimLost
 
 T = TypeVar("T")
 

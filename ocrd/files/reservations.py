@@ -9,7 +9,9 @@ import json
 import os
 from pathlib import Path
 
-from ocrd.files import rename_new, reservation_of, temporary_path
+from ocrd.files.moves import rename_new
+from ocrd.files.names import reservation_of
+from ocrd.files.temporaries import temporary_path
 
 
 def holds(target: Path, owner: str) -> bool:

@@ -8,7 +8,7 @@ often processing started, and the settlement it planned before moving anything, 
 restart finishes a half-done settlement instead of repeating it. Taking a file into a
 claim is `ocrd/intake/claiming.py`.
 
-Several daemons may share a work area (`ocrd/intake/instances.py`): each keeps its claims
+Several daemons may share a work area (`ocrd/sharing/instances.py`): each keeps its claims
 in a folder of its own and holds them under a lease (its `Tenure`). Everything that writes
 for a claim asks the tenure first; once the lease is gone, `ClaimLost` ends the work on the
 claim without writing anything, since another daemon may be finishing it.
@@ -27,15 +27,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path, PurePath
-from typing import Any, Protocol
+from typing import Any
 
 from ocrd.domain import Outcome
 from ocrd.files import replace_file
 from ocrd.files.beneath import beneath_one_of
 from ocrd.files.dropped import NotRegularFile
 from ocrd.files.reservations import release, reserve
-
-STATE_FILE = ".claim.json"
+from ocrd.sharing.tenure import STATE_FILE, UNSHARED, Tenure
 
 
 def now_iso() -> str:
@@ -109,37 +108,6 @@ class Settlement:
             gone = contextlib.suppress(FileNotFoundError, NotADirectoryError, NotRegularFile)
             with gone, beneath_one_of(roots, name, make=False) as held:
                 release(held, owner)
-
-
-class ClaimLost(Exception):
-    """This daemon no longer holds the claim: its lease ended (the daemon was paused or cut
-    off from the share for longer than the lease allows, and another daemon may have taken
-    the claim over). Nothing more is written for it."""
-
-
-class Tenure(Protocol):
-    """The right under which a daemon holds the claims of one work area (its lease there)."""
-
-    def holds(self) -> bool:
-        """Whether the daemon still holds its claims: it may write for them."""
-        ...
-
-    def check(self) -> None:
-        """Raise ClaimLost unless the daemon still holds its claims."""
-        ...
-
-
-class Unshared:
-    """The tenure of a work area no other daemon shares (the tools, tests of one part)."""
-
-    def holds(self) -> bool:
-        return True
-
-    def check(self) -> None:
-        return None
-
-
-UNSHARED = Unshared()
 
 
 @dataclass

@@ -35,18 +35,16 @@ from ocrd.files.dropped import (
     printable,
 )
 from ocrd.intake.claim import (
-    STATE_FILE,
-    UNSHARED,
     Claim,
     ClaimState,
     Destinations,
     Settlement,
-    Tenure,
     new_claim_id,
     now_iso,
     untrusted,
 )
-from ocrd.intake.receiving import mismatch, read_record, upload_of
+from ocrd.sharing.tenure import STATE_FILE, UNSHARED, Tenure
+from ocrd.uploads.receiving import mismatch, read_record, upload_of
 
 
 class NotClaimable(Exception):

@@ -7,7 +7,7 @@ with their fix until someone fixes them). `collect` turns what became ready into
 the dispatcher; adding an inbox also takes up the claims an earlier run left in its work
 area.
 
-Several daemons may serve one inbox (`ocrd/intake/instances.py`): each holds a lease on the work
+Several daemons may serve one inbox (`ocrd/sharing/instances.py`): each holds a lease on the work
 area and keeps its claims in its own folder there; adding an inbox takes the lease first.
 Claims taken over from a daemon that died, or this daemon's own claims after it took a new
 lease, become jobs here too.
@@ -27,10 +27,10 @@ from ocrd.files.dropped import Identity, printable
 from ocrd.intake.claim import Claim, Destinations
 from ocrd.intake.claiming import NotClaimable, WorkArea
 from ocrd.intake.collate import Collator
-from ocrd.intake.instances import Instances
-from ocrd.intake.leases import TakenOver
 from ocrd.intake.watch import InboxWatcher, QuietTracker, stat_all
 from ocrd.log import get_logger
+from ocrd.sharing.instances import Instances
+from ocrd.sharing.leases import TakenOver
 from ocrd.status import WAITING_LISTED, BlockedFile, WaitingFile
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fnmatch
 import heapq
 import itertools
 import os
@@ -33,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path, PurePath
+from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -41,7 +40,8 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserverVFS
 
 from ocrd.backoff import Backoff
-from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, InboxConfig
+from ocrd.config import InboxConfig
+from ocrd.config.inboxes import is_candidate_name, job_folder_of
 from ocrd.files.dropped import Identity, link_on_the_way, printable
 from ocrd.intake.mounts import polling_of
 from ocrd.log import get_logger
@@ -71,38 +71,6 @@ class Look:
 
 
 StatOutcome = Look | OSError
-
-
-def job_folder_of(relative: PurePath, inbox: InboxConfig, is_directory: bool) -> PurePath | None:
-    """The scan job folder `relative` is (or lies in), by the inbox's `job_folders`."""
-    if not inbox.job_folders:
-        return None
-    folders = relative.parts if is_directory else relative.parts[:-1]
-    if not inbox.recursive:
-        folders = folders[:1]
-    for depth, name in enumerate(folders):
-        if name.startswith("."):
-            return None
-        if any(fnmatch.fnmatch(name, pattern) for pattern in inbox.job_folders):
-            return PurePath(*relative.parts[: depth + 1])
-    return None
-
-
-def is_candidate_name(relative: PurePath, inbox: InboxConfig) -> bool:
-    """Whether a path (relative to the inbox) names a file ocrd should consider at all."""
-    if any(part.startswith(".") for part in relative.parts):
-        return False  # hidden files and folders, including ocrd's own temporary files
-    name = relative.name
-    if name.startswith("~$") or name.lower().endswith(DEFAULT_TEMPORARY_SUFFIXES):
-        return False  # Office lock files and uploads still in progress
-    if not inbox.recursive and len(relative.parts) > 1:
-        return False
-    text = relative.as_posix()
-
-    def matches(pattern: str) -> bool:
-        return fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch(text, pattern)
-
-    return any(matches(p) for p in inbox.include) and not any(matches(p) for p in inbox.ignore)
 
 
 def scan(inbox: InboxConfig, root: Path | None = None) -> tuple[list[Path], list[OSError]]:

@@ -12,8 +12,8 @@ own client, paperless-ngx's parser, RAG front ends) can call ocrd instead:
                                     processing_time
     GET  /health                    docling-serve's liveness answer
 
-A task is an upload into the configured inbox (`ocrd/intake/uploads.py`) with a record of
-its options beside it (`ocrd/intake/tasks.py`), written before the upload is in the inbox:
+A task is an upload into the configured inbox (`ocrd/uploads/uploads.py`) with a record of
+its options beside it (`ocrd/uploads/tasks.py`), written before the upload is in the inbox:
 from there it is claimed, converted and settled as any file, and its state is read back from
 its files (`ocrd/web/tasks.py`). Errors are answered as docling-serve answers them,
 `{"detail": "..."}`. Converting needs the token (`X-Api-Key` or a bearer token), from
@@ -34,9 +34,9 @@ from aiohttp import BodyPartReader, ClientPayloadError, MultipartReader, web
 from ocrd.config import HttpConfig, InboxConfig
 from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
-from ocrd.intake.receiving import Receiving, UploadRefused, clean_filename
-from ocrd.intake.tasks import TaskOptions, remove_record, write_record
 from ocrd.log import get_logger
+from ocrd.uploads.receiving import Receiving, UploadRefused, clean_filename
+from ocrd.uploads.tasks import TaskOptions, remove_record, write_record
 from ocrd.web import apidocs
 from ocrd.web.api import READ_BYTES, token_matches
 from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form, parse

@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from ocrd.intake.receiving import UploadRefused
+from ocrd.uploads.receiving import UploadRefused
 
 FETCH_CHUNK_BYTES = 256 * 1024
 

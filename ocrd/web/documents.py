@@ -34,10 +34,10 @@ from ocrd.documents.document import DocumentRunner, InFlight
 from ocrd.domain import DocumentSummary, Outcome
 from ocrd.files.beneath import folder_beneath, open_beneath, plain_part, visible_files
 from ocrd.files.dropped import printable
-from ocrd.intake.claim import STATE_FILE
-from ocrd.intake.receiving import UPLOAD_ID, mismatch, read_record, upload_of
 from ocrd.output.settle import ERROR_SUFFIX
 from ocrd.output.write import OutputFiles
+from ocrd.sharing.tenure import STATE_FILE
+from ocrd.uploads.receiving import UPLOAD_ID, mismatch, read_record, upload_of
 
 CLAIM_ID = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")  # claim.new_claim_id
 RECHECK_SECONDS = 2.0  # a waiter looks again this often (another daemon may settle it)
@@ -185,7 +185,7 @@ class _Claimed:
 
 
 def _claim_folders(work: Path) -> Iterator[Path]:
-    """The claim folders in a work area: in each daemon's folder (`ocrd/intake/instances.py`),
+    """The claim folders in a work area: in each daemon's folder (`ocrd/sharing/instances.py`),
     and those an older ocrd kept directly in the work folder."""
     for entry in _listed(work):
         if (entry / STATE_FILE).exists():

@@ -39,10 +39,10 @@ from aiohttp import web
 from aiohttp.web_runner import BaseSite
 
 from ocrd.config import HttpConfig
-from ocrd.intake.uploads import Uploads
 from ocrd.log import get_logger
 from ocrd.status import StatusReport
 from ocrd.supervise import Liveness
+from ocrd.uploads.uploads import Uploads
 from ocrd.web.api import DocumentsApi, token_matches
 from ocrd.web.docling import serve_docling_api
 from ocrd.web.documents import Documents

@@ -1,4 +1,4 @@
-"""Tasks of the docling-serve API: an upload with a task record (`ocrd/intake/tasks.py`),
+"""Tasks of the docling-serve API: an upload with a task record (`ocrd/uploads/tasks.py`),
 followed as any upload is (`ocrd/web/documents.py`), so its state comes from its files and
 survives a restart, whichever daemon sharing the inbox converts it.
 
@@ -36,10 +36,10 @@ from urllib.parse import quote, unquote
 from ocrd.config import UPLOADS_FOLDER, Config, InboxConfig
 from ocrd.files.beneath import entries_beneath, folder_beneath, visible_files
 from ocrd.files.dropped import printable
-from ocrd.intake.receiving import UPLOAD_ID
-from ocrd.intake.tasks import RECORD, TaskOptions, TaskRecordError, read_record, remove_record
 from ocrd.log import get_logger
 from ocrd.output.write import OutputFiles
+from ocrd.uploads.receiving import UPLOAD_ID
+from ocrd.uploads.tasks import RECORD, TaskOptions, TaskRecordError, read_record, remove_record
 from ocrd.web.documents import Documents, DocumentState, Found, Outputs
 
 TIDY_SECONDS = 60.0

@@ -1,5 +1,5 @@
 """Uploading over HTTP: `POST /api/documents` takes a file into an inbox (see
-`ocrd/web/api.py` for the routes that follow it, `ocrd/intake/receiving.py` for what is
+`ocrd/web/api.py` for the routes that follow it, `ocrd/uploads/receiving.py` for what is
 written).
 
 An upload always needs the bearer token, from loopback too, and goes to an inbox that says
@@ -25,9 +25,9 @@ from aiohttp import BodyPartReader, ClientPayloadError, web
 from ocrd.config import HttpConfig
 from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
-from ocrd.intake.receiving import Receiving, UploadRefused, clean_filename
-from ocrd.intake.uploads import Uploads
 from ocrd.log import get_logger
+from ocrd.uploads.receiving import Receiving, UploadRefused, clean_filename
+from ocrd.uploads.uploads import Uploads
 from ocrd.web.api import READ_BYTES, UploadAccepted, document_url, error, token_matches
 from ocrd.web.documents import DocumentState
 

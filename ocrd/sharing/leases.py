@@ -34,7 +34,7 @@ request that says "no such file" although it was done counts as done, `files.py`
 claims; and every lease is opened before it is judged, which makes an NFS client fetch its
 attributes afresh rather than trust its cache.
 
-Everything here blocks: the daemon calls it in a thread (`ocrd/intake/instances.py`).
+Everything here blocks: the daemon calls it in a thread (`ocrd/sharing/instances.py`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from ocrd import __version__
-from ocrd.intake.claim import STATE_FILE
+from ocrd.sharing.tenure import STATE_FILE
 
 INSTANCE_ENV = "OCRD_INSTANCE"
 LEASES = ".leases"

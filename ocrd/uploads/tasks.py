@@ -23,8 +23,8 @@ from ocrd.config import UPLOADS_FOLDER, InboxConfig, OutputKind, PdfText
 from ocrd.config.base import Strict
 from ocrd.files.beneath import folder_beneath
 from ocrd.files.dropped import NotRegularFile
-from ocrd.intake.receiving import RECORD as UPLOAD_RECORD
-from ocrd.intake.receiving import upload_of
+from ocrd.uploads.receiving import RECORD as UPLOAD_RECORD
+from ocrd.uploads.receiving import upload_of
 
 RECORD = ".task.json"
 MAX_RECORD_BYTES = 64 * 1024

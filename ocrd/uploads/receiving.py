@@ -189,7 +189,7 @@ class Receiving:
     @property
     def folder(self) -> int:
         """A descriptor of the upload's own folder, until it is committed or aborted: a
-        record written there beside the file (`ocrd/intake/tasks.py`) is in place before
+        record written there beside the file (`ocrd/uploads/tasks.py`) is in place before
         the file is."""
         return self._folder
 

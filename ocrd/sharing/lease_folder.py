@@ -1,7 +1,7 @@
-"""A work area's leases folder and the moves on it (see `ocrd/intake/leases.py` for the
+"""A work area's leases folder and the moves on it (see `ocrd/sharing/leases.py` for the
 protocol): making, renewing and giving up this daemon's own lease, and taking over the
 claims of a daemon that died. Everything here blocks: the daemon calls it in a thread
-(`ocrd/intake/instances.py`).
+(`ocrd/sharing/instances.py`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import secrets
 from pathlib import Path
 
 from ocrd.files import rename_checked, rename_new
-from ocrd.intake.leases import (
+from ocrd.sharing.leases import (
     LEASES,
     SEPARATOR,
     Acquired,

@@ -22,9 +22,11 @@ from collections.abc import AsyncIterator
 from pathlib import PurePath
 
 from ocrd.config import UPLOADS_FOLDER, Config, InboxConfig
+from ocrd.config.inboxes import is_candidate_name, job_folder_of
 from ocrd.files.beneath import DIRECTORY
 from ocrd.files.dropped import NotRegularFile, printable
-from ocrd.intake.receiving import (
+from ocrd.log import get_logger
+from ocrd.uploads.receiving import (
     PART,
     RECORD,
     UPLOAD_ID,
@@ -36,8 +38,6 @@ from ocrd.intake.receiving import (
     private_entries,
     uploads_folder,
 )
-from ocrd.intake.watch import is_candidate_name, job_folder_of
-from ocrd.log import get_logger
 
 TIDY_SECONDS = 10.0  # how often empty upload folders and stale parts are looked for
 # An upload folder holding nothing but its record this long is removed: a claim took its

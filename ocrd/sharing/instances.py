@@ -1,6 +1,6 @@
 """Several daemons on one shared inbox: this daemon's instance name, and its leases in the
 work areas it serves, kept in the background from the moment it starts (before the engine
-loads) until it stops. The files and the moves on them are `ocrd/intake/leases.py`.
+loads) until it stops. The files and the moves on them are `ocrd/sharing/leases.py`.
 
 Each daemon is an *instance* with a name: the host name, or `OCRD_INSTANCE` (several on
 one host). It keeps its claims in `<work>/<instance>/`, and renews its lease in each work
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ocrd.config import InstancesConfig
-from ocrd.intake.claim import ClaimLost
-from ocrd.intake.lease_folder import LeaseFolder
-from ocrd.intake.leases import (
+from ocrd.log import get_logger
+from ocrd.sharing.lease_folder import LeaseFolder
+from ocrd.sharing.leases import (
     INSTANCE_ENV,
     NAME,
     Acquired,
@@ -47,7 +47,7 @@ from ocrd.intake.leases import (
     TakenOver,
     Waiting,
 )
-from ocrd.log import get_logger
+from ocrd.sharing.tenure import ClaimLost
 from ocrd.status import InstanceStatus
 
 HOLD_SHARE = 0.5  # of a lease: how long a daemon writes for its claims after a renewal
