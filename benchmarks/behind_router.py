@@ -68,12 +68,17 @@ class RotationChecker:
         """Whether the worker reads the test page; None if it does not answer."""
         body = {
             "model": "simulated",
-            "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": self.page}},
-                {"type": "text", "text": "<|grounding|>Convert the document to markdown."},
-            ]}],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": self.page}},
+                        {"type": "text", "text": "<|grounding|>Convert the document to markdown."},
+                    ],
+                }
+            ],
             "max_tokens": selfcheck.MAX_TOKENS,
-        }  # fmt: skip
+        }
         try:
             answer = httpx.post(
                 f"{worker}/v1/chat/completions",

@@ -74,8 +74,13 @@ Figure 1: Sales by region.
 def post(url: str, route: str, pdf: Path, round_: int) -> httpx.Response:
     with pdf.open("rb") as handle:
         files = {"files": (f"api-{round_}.pdf", handle, "application/pdf")}
-        return httpx.post(f"{url}{route}", headers=KEY, timeout=120,
-                          data={"to_formats": ["md", "json"]}, files=files)  # fmt: skip
+        return httpx.post(
+            f"{url}{route}",
+            headers=KEY,
+            timeout=120,
+            data={"to_formats": ["md", "json"]},
+            files=files,
+        )
 
 
 def synchronous(url: str, pdf: Path, round_: int) -> float:
@@ -89,8 +94,9 @@ def task(url: str, pdf: Path, round_: int) -> float:
     started = time.monotonic()
     task_id = post(url, "/v1/convert/file/async", pdf, round_).json()["task_id"]
     while True:
-        status = httpx.get(f"{url}/v1/status/poll/{task_id}", params={"wait": 60},
-                           timeout=70).json()  # fmt: skip
+        status = httpx.get(
+            f"{url}/v1/status/poll/{task_id}", params={"wait": 60}, timeout=70
+        ).json()
         if status["task_status"] not in ("pending", "started"):
             break
     result = httpx.get(f"{url}/v1/result/{task_id}", timeout=60).json()
@@ -117,8 +123,10 @@ def build_cost(pages: int) -> list[tuple[str, float, float, float]]:
     info = PageInfo(1, (1414, 2000), 595.0, 842.0)
     grounded = assemble_page(info, PageText(GROUNDED, "stop"), PromptMode.layout)
     lines = [f"Line {n} of the scanned letter, with some words on it." for n in range(40)]
-    blocks = tuple(Block("text", (Box(50, 20 + 24 * n, 950, 40 + 24 * n),), line)
-                   for n, line in enumerate(lines))  # fmt: skip
+    blocks = tuple(
+        Block("text", (Box(50, 20 + 24 * n, 950, 40 + 24 * n),), line)
+        for n, line in enumerate(lines)
+    )
     markdown = "\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:])
     scanned = assemble_page(info, PageText(markdown, "stop", blocks=blocks), PromptMode.layout)
     build_document([grounded], "warm-up")
@@ -132,16 +140,24 @@ def build_cost(pages: int) -> list[tuple[str, float, float, float]]:
         dumped = time.process_time()
         chunk_lines(doc, "benchmark.pdf")
         chunked = time.process_time()
-        found.append((label, (built - started) / pages * 1000, (dumped - built) / pages * 1000,
-                      (chunked - dumped) / pages * 1000))  # fmt: skip
+        found.append(
+            (
+                label,
+                (built - started) / pages * 1000,
+                (dumped - built) / pages * 1000,
+                (chunked - dumped) / pages * 1000,
+            )
+        )
     return found
 
 
 def summary(label: str, values: list[float], cpu: float) -> str:
     ordered = sorted(values)
     p90 = ordered[int(0.9 * (len(ordered) - 1))]
-    return (f"| {label} | {statistics.median(values) * 1000:.0f} | {p90 * 1000:.0f} | "
-            f"{statistics.mean(values) * 1000:.0f} | {cpu * 1000:.0f} |")  # fmt: skip
+    return (
+        f"| {label} | {statistics.median(values) * 1000:.0f} | {p90 * 1000:.0f} | "
+        f"{statistics.mean(values) * 1000:.0f} | {cpu * 1000:.0f} |"
+    )
 
 
 def main() -> None:
@@ -153,8 +169,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         pdf = make_pdf(folder / "one-page.pdf", 1)
-        daemon = DaemonRun(folder / "run", simulated_engine(16, 0.05),
-                           inbox={"uploads": True}, http={"listen": "127.0.0.1:0"})  # fmt: skip
+        daemon = DaemonRun(
+            folder / "run",
+            simulated_engine(16, 0.05),
+            inbox={"uploads": True},
+            http={"listen": "127.0.0.1:0"},
+        )
         try:
             [listening] = daemon.wait_for("http.listening", timeout=120)
             url = f"http://{listening.fields['address']}"

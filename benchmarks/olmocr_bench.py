@@ -106,9 +106,12 @@ def main() -> None:
         print(f"| {kind} | {totals[kind]} | " + " | ".join(cells) + " |")
     overall = [sum(passed[r].values()) for r in routes]
     print(
-        "| all | " + str(len(tests)) + " | "
-        + " | ".join(f"{n}/{len(tests)} ({n / len(tests):.0%})" for n in overall) + " |"
-    )  # fmt: skip
+        "| all | "
+        + str(len(tests))
+        + " | "
+        + " | ".join(f"{n}/{len(tests)} ({n / len(tests):.0%})" for n in overall)
+        + " |"
+    )
     for route in routes:
         print(f"{route}: {speed[route]}")
 

@@ -160,9 +160,7 @@ def summarise_profile(raw: Path, main_pid: int, top: int) -> list[str]:
     return lines
 
 
-def start_profiler(
-    pid: int, rate: int, output: Path, gil: bool = False
-) -> subprocess.Popen[bytes]:
+def start_profiler(pid: int, rate: int, output: Path, gil: bool = False) -> subprocess.Popen[bytes]:
     py_spy = Path(sys.executable).parent / "py-spy"
     command = [str(py_spy), "record", "--pid", str(pid), "--subprocesses"]
     command += ["--format", "raw", "--rate", str(rate), "-o", str(output)]
@@ -236,8 +234,10 @@ def main() -> None:
         if args.pin:
             pin(daemon)
         raw = folder / "profile.txt"
-        profiler = None if args.no_profile else start_profiler(
-            daemon.process.pid, args.rate, raw, args.gil
+        profiler = (
+            None
+            if args.no_profile
+            else start_profiler(daemon.process.pid, args.rate, raw, args.gil)
         )
         main_before, workers_before = daemon.cpu_seconds()
         started = time.monotonic()

@@ -46,10 +46,15 @@ def run_daemons(
 ) -> list[DaemonRun]:
     sections = {"instances": {"lease_seconds": lease_seconds}} if lease_seconds else None
     daemons = [
-        DaemonRun(folder, engine, pipeline={"rescan_interval_seconds": 5}, instance=name,
-                  sections=sections)
+        DaemonRun(
+            folder,
+            engine,
+            pipeline={"rescan_interval_seconds": 5},
+            instance=name,
+            sections=sections,
+        )
         for name in names
-    ]  # fmt: skip
+    ]
     for daemon in daemons:
         daemon.wait_for("daemon.ready", timeout=600)
     if len(daemons) > 1:  # each has seen the others' leases (a renewal, a ninth of a lease)
@@ -81,14 +86,17 @@ def throughput(args: argparse.Namespace, root: Path) -> None:
         print(
             json.dumps(
                 {
-                    "daemons": len(names), "documents": len(documents), "pages": pages,
-                    "seconds": round(seconds, 1), "pages_per_second": round(pages / seconds, 2),
+                    "daemons": len(names),
+                    "documents": len(documents),
+                    "pages": pages,
+                    "seconds": round(seconds, 1),
+                    "pages_per_second": round(pages / seconds, 2),
                     "documents_by_daemon": split,
                     "engine_pages_per_second_each": args.capacity / args.seconds_per_page,
                 }
             ),
             flush=True,
-        )  # fmt: skip
+        )
     print(json.dumps({"speed_up": round(results[1] / results[2], 2)}))
 
 

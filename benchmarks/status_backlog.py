@@ -66,9 +66,13 @@ def run(state: str, files: int, requests: int, tree: Path) -> None:
             pipeline["max_documents_in_flight"] = 1
         fill(Path(folder) / "data" / "inbox", files, junk=state == "flowing")
         daemon = DaemonRun(
-            Path(folder), simulated_engine(1, 1000.0), inbox, pipeline,
-            http={"listen": "127.0.0.1:0"}, tree=tree,
-        )  # fmt: skip
+            Path(folder),
+            simulated_engine(1, 1000.0),
+            inbox,
+            pipeline,
+            http={"listen": "127.0.0.1:0"},
+            tree=tree,
+        )
         [listening] = daemon.wait_for("http.listening", timeout=120)
         url = f"http://{listening.fields['address']}"
         daemon.wait_for("daemon.ready", timeout=300)

@@ -125,9 +125,10 @@ class Daemon:
             pass  # asked to stop while it waited for its lease
         except EngineStartError as error:
             self.log.error(
-                "engine.start_failed", error=str(error),
+                "engine.start_failed",
+                error=str(error),
                 action="exiting so that systemd restarts ocrd; files wait in the inbox",
-            )  # fmt: skip
+            )
             self.exit_code = EXIT_FATAL
         except Exception:
             self.log.exception("daemon.failed", action="exiting so that systemd restarts ocrd")
@@ -144,9 +145,13 @@ class Daemon:
     @contextlib.asynccontextmanager
     async def web_server(self) -> AsyncIterator[WebServer]:
         web = WebServer(
-            self.config.http, lambda: self.report(), self.supervisor.pulse.liveness, self.metrics,
-            self.uploads, self.documents,
-        )  # fmt: skip
+            self.config.http,
+            lambda: self.report(),
+            self.supervisor.pulse.liveness,
+            self.metrics,
+            self.uploads,
+            self.documents,
+        )
         await web.serve()
         try:
             yield web
@@ -205,9 +210,20 @@ class Daemon:
         intake = Intake(self.instances)
         dispatcher = Dispatcher(intake, runner, Admission(1), self.document_crashed)
         service = Service(
-            self.config, self.config_path, engine, pipeline, runner, intake, dispatcher,
-            self.supervisor, self.activity, self.notifier, web, self.stopping, self.instances,
-        )  # fmt: skip
+            self.config,
+            self.config_path,
+            engine,
+            pipeline,
+            runner,
+            intake,
+            dispatcher,
+            self.supervisor,
+            self.activity,
+            self.notifier,
+            web,
+            self.stopping,
+            self.instances,
+        )
         runner.on_storage_fault += [self.metrics.storage_fault, service.report_status]
         self.documents.follow(runner)
         for config in self.config.inboxes:

@@ -78,8 +78,12 @@ class SeparatorMark:
 
     def record(self) -> dict[str, object]:
         """The mark as the page journal and the raw file keep it."""
-        return {"kind": self.kind.value, "text": self.text, "symbology": self.symbology,
-                "blank": self.blank}  # fmt: skip
+        return {
+            "kind": self.kind.value,
+            "text": self.text,
+            "symbology": self.symbology,
+            "blank": self.blank,
+        }
 
     @classmethod
     def of_record(cls, record: dict[str, object]) -> SeparatorMark:

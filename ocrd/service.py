@@ -240,10 +240,14 @@ class Service:
             problems.append(f"DEGRADED: {self.engine.health.degraded}")
         waiting = self.intake.waiting_count() + len(self.dispatcher.jobs)
         replicas = f"{self.engine.summary}, " if len(self.engine.replicas) > 1 else ""
-        return "".join(f"{p}; " for p in problems) + replicas + (
-            f"{waiting} waiting, {self.dispatcher.running} documents "
-            f"({self.pipeline.pages_in_flight} pages) in flight, "
-            f"{self.activity.pages_per_second():.2f} pages/s"
+        return (
+            "".join(f"{p}; " for p in problems)
+            + replicas
+            + (
+                f"{waiting} waiting, {self.dispatcher.running} documents "
+                f"({self.pipeline.pages_in_flight} pages) in flight, "
+                f"{self.activity.pages_per_second():.2f} pages/s"
+            )
         )
 
     def report_status(self, *_: object) -> None:
@@ -297,20 +301,27 @@ class Service:
             instances=self.instances.report(inbox.config.work),
             uploads=inbox.config.uploads,
             uploads_problem=self.web.uploads.unusable.get(root) if self.web.uploads else None,
-        )  # fmt: skip
+        )
 
 
 def replica_status(facts: ReplicaFacts) -> ReplicaStatus:
     check = facts.self_check
     return ReplicaStatus(
-        name=facts.name, device=facts.device, state=facts.state.value, since=facts.since,
-        capacity=facts.capacity, in_flight=facts.in_flight, pages_done=facts.pages_done,
-        pages_failed=facts.pages_failed, restarts=facts.restarts,
+        name=facts.name,
+        device=facts.device,
+        state=facts.state.value,
+        since=facts.since,
+        capacity=facts.capacity,
+        in_flight=facts.in_flight,
+        pages_done=facts.pages_done,
+        pages_failed=facts.pages_failed,
+        restarts=facts.restarts,
         deaths_with_pages=facts.deaths_with_pages,
         self_check=f"read {check.words_found} of {check.words_expected} words" if check else None,
         self_check_passed=check.passed if check else False,
-        problem=facts.problem, pid=facts.pid,
-    )  # fmt: skip
+        problem=facts.problem,
+        pid=facts.pid,
+    )
 
 
 def _due(tick: int, seconds: float) -> bool:

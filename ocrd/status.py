@@ -136,10 +136,18 @@ class StatusReport(BaseModel):
     def loading(cls, version: str) -> StatusReport:
         """The report while the engine loads, before anything is served."""
         return cls(
-            version=version, engine="loading", engine_state="loading", ready=False,
-            problems=["the engine is loading"], pages_per_second=0.0, documents_in_flight=0,
-            pages_in_flight=0, inboxes=[], finished=[], history=[],
-        )  # fmt: skip
+            version=version,
+            engine="loading",
+            engine_state="loading",
+            ready=False,
+            problems=["the engine is loading"],
+            pages_per_second=0.0,
+            documents_in_flight=0,
+            pages_in_flight=0,
+            inboxes=[],
+            finished=[],
+            history=[],
+        )
 
 
 def eta(pages: int | None, done: int, seconds: float) -> float | None:

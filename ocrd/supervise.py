@@ -99,9 +99,11 @@ class Supervisor:
             loaded.set()
             asking.cancel()
         self.log.info(
-            "engine.ready", engine=kind, seconds=round(time.monotonic() - started, 1),
+            "engine.ready",
+            engine=kind,
+            seconds=round(time.monotonic() - started, 1),
             replicas=engine.summary,
-        )  # fmt: skip
+        )
 
     def watch(self, engine: Engine) -> bool:
         """Log the engine's changes of state and of its serving replicas; true if either

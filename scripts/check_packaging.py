@@ -82,12 +82,24 @@ def resolve_vllm_extra(
     local wheel folder or index of this machine's pip configuration), started. pip takes
     another Python's version only with --target; --dry-run writes nothing."""
     command = [
-        pip_python, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed",
+        pip_python,
+        "-m",
+        "pip",
+        "--isolated",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
         "--use-feature=fast-deps",
-        "--only-binary=:all:", "--python-version", python_version,
-        "--target", folder / f"target-{python_version}", "--find-links", folder / "wheels",
-        "--disable-pip-version-check", f"{wheel}[vllm]",
-    ]  # fmt: skip
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--target",
+        folder / f"target-{python_version}",
+        "--find-links",
+        folder / "wheels",
+        "--disable-pip-version-check",
+        f"{wheel}[vllm]",
+    ]
     print("+", " ".join(str(c) for c in command), flush=True)
     return subprocess.Popen(
         [str(c) for c in command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -118,8 +130,17 @@ def main() -> None:
         python = installed_and_used(wheel, folder)
         # sdnotify comes as an sdist only, which --python-version does not take: its wheel
         # (pure Python, any version) is built once here.
-        run(python, "-m", "pip", "wheel", *QUIET_PIP, "--no-deps", "--wheel-dir",
-            folder / "wheels", "sdnotify")  # fmt: skip
+        run(
+            python,
+            "-m",
+            "pip",
+            "wheel",
+            *QUIET_PIP,
+            "--no-deps",
+            "--wheel-dir",
+            folder / "wheels",
+            "sdnotify",
+        )
         versions = args.python_versions.split(",")
         resolving = time.monotonic()
         resolutions = [resolve_vllm_extra(python, wheel, v, folder) for v in versions]

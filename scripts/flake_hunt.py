@@ -120,8 +120,16 @@ def main() -> None:
     with busy(args.busy) as load, tempfile.TemporaryDirectory() as folder:
         for run in range(1, args.runs + 1):
             report = Path(folder) / f"run{run}.xml"
-            command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                       f"--junitxml={report}", *selection]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={report}",
+                *selection,
+            ]
             began = time.monotonic()
             subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, check=False)
             ended = outcomes(report) if report.exists() else {}
@@ -130,15 +138,22 @@ def main() -> None:
                 if outcome in ("failed", "error"):
                     first_failure.setdefault(name, message)
             bad = sum(1 for outcome, _ in ended.values() if outcome in ("failed", "error"))
-            print(f"run {run}: {len(ended)} tests, {bad} not passed, "
-                  f"{time.monotonic() - began:.0f} s ({load})", flush=True)  # fmt: skip
+            print(
+                f"run {run}: {len(ended)} tests, {bad} not passed, "
+                f"{time.monotonic() - began:.0f} s ({load})",
+                flush=True,
+            )
     unstable = {name: c for name, c in counts.items() if c["failed"] or c["error"]}
     minutes = (time.monotonic() - started) / 60
-    print(f"\n{args.runs} runs of {len(counts)} tests with the machine {load}, "
-          f"{minutes:.1f} min: {len(unstable)} not always passing")  # fmt: skip
+    print(
+        f"\n{args.runs} runs of {len(counts)} tests with the machine {load}, "
+        f"{minutes:.1f} min: {len(unstable)} not always passing"
+    )
     for name, c in sorted(unstable.items()):
-        print(f"  {name}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors;"
-              f" first: {first_failure.get(name, '')}")  # fmt: skip
+        print(
+            f"  {name}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors;"
+            f" first: {first_failure.get(name, '')}"
+        )
 
 
 if __name__ == "__main__":

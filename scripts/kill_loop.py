@@ -300,9 +300,13 @@ def shared_kill_loop(
         time.sleep(0.2)
     exit_codes = [daemon.stop() for daemon in running.values()]
     problems, summary = check(
-        folder / "dropped", data / "inbox", data / "outbox", data / "done", data / "failed",
+        folder / "dropped",
+        data / "inbox",
+        data / "outbox",
+        data / "done",
+        data / "failed",
         data / "work",
-    )  # fmt: skip
+    )
     reports = [json.loads(p.read_text()) for p in (data / "failed").rglob("*.error.json")]
     return {
         "daemons": daemons,

@@ -76,8 +76,10 @@ def report(junit: Path) -> None:
     print(table(results))
     print()
     passed = sum(results.values())
-    print(f"{len(results)} cells: {passed} as the README says ({refused} of them refused by "
-          f"check-config), {len(results) - passed} not")  # fmt: skip
+    print(
+        f"{len(results)} cells: {passed} as the README says ({refused} of them refused by "
+        f"check-config), {len(results) - passed} not"
+    )
 
 
 def main() -> int:
@@ -90,9 +92,19 @@ def main() -> int:
         return 0
     junit = options.keep or Path(tempfile.mkdtemp()) / "matrix.xml"
     started = time.monotonic()
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               "--timeout", "7200", f"--junitxml={junit}", "tests/test_matrix.py",
-               *pytest_options]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--timeout",
+        "7200",
+        f"--junitxml={junit}",
+        "tests/test_matrix.py",
+        *pytest_options,
+    ]
     environment = {**os.environ, "OCRD_MATRIX": "full"}
     paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     environment["PYTHONPATH"] = os.pathsep.join(paths)

@@ -45,11 +45,16 @@ def pdf_problems(path: Path, password: str = "") -> list[str]:
     command = ["qpdf", "--check", *([f"--password={password}"] if password else []), str(path)]
     checked = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = (checked.stdout + checked.stderr).splitlines()
-    problems = [] if checked.returncode == 0 else [
-        line for line in lines
-        if (line.startswith(("WARNING", "ERROR")) or checked.returncode == 2)
-        and not any(known in line for known in STREAM_DATA_WARNINGS)
-    ]  # fmt: skip
+    problems = (
+        []
+        if checked.returncode == 0
+        else [
+            line
+            for line in lines
+            if (line.startswith(("WARNING", "ERROR")) or checked.returncode == 2)
+            and not any(known in line for known in STREAM_DATA_WARNINGS)
+        ]
+    )
     try:
         pikepdf.open(path, password=password, attempt_recovery=False).close()
     except pikepdf.PdfError as error:

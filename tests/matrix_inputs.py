@@ -20,14 +20,27 @@ from helpers import without_trailer
 from PIL import Image
 from separator_sheets import CORPUS, Sheet, scan_sheet, stack_folder, stack_pdf
 
-KINDS = ["born-digital PDF", "scanned PDF", "mixed PDF", "owner-password PDF", "damaged PDF",
-         "multi-page TIFF", "PNG", "scan job folder", "collated duplex", "upload"]  # fmt: skip
+KINDS = [
+    "born-digital PDF",
+    "scanned PDF",
+    "mixed PDF",
+    "owner-password PDF",
+    "damaged PDF",
+    "multi-page TIFF",
+    "PNG",
+    "scan job folder",
+    "collated duplex",
+    "upload",
+]
 OUTPUTS = ["markdown", "markdown+pdf", "markdown+pdf_archive"]
 SPLITS = ["none", "patch_t", "barcode", "blank"]
 DELIVERIES = ["command", "webhook", "api"]
 SPLIT_BARCODE = r"SPLIT-\d{4}"
-SEPARATORS = {"patch_t": Sheet("patch_t"), "barcode": Sheet("qr", "SPLIT-0001"),
-              "blank": Sheet("blank")}  # fmt: skip
+SEPARATORS = {
+    "patch_t": Sheet("patch_t"),
+    "barcode": Sheet("qr", "SPLIT-0001"),
+    "blank": Sheet("blank"),
+}
 OWNER_PASSWORD = "matrix-owner"
 SCAN_DPI = 200
 LATEX = "sample-files__pdflatex-4-pages.pdf"
@@ -76,8 +89,9 @@ def _first_words(name: str, number: int) -> tuple[str, ...]:
     return tuple(found[:3])
 
 
-def _pages(groups: Sequence[Sequence[Sheet]], split: str) -> tuple[list[Sheet], list[list[Page]],
-                                                                  list[int]]:  # fmt: skip
+def _pages(
+    groups: Sequence[Sequence[Sheet]], split: str
+) -> tuple[list[Sheet], list[list[Page]], list[int]]:
     """The sheets in order (a separator between the groups where the rule has one), each
     group's content pages as they will be numbered, and the separators' numbers."""
     sheets: list[Sheet] = []
@@ -104,8 +118,13 @@ BORN = [[Sheet("pdf", LATEX, 1)], [Sheet("pdf", LATEX, 2), Sheet("pdf", LATEX, 3
 MIXED = [[Sheet("pdf", LATEX, 1), Sheet("scan", "phototest.tif")], [Sheet("pdf", LATEX, 2)]]
 
 
-def _pdf(kind: str, stem: str, groups: Sequence[Sequence[Sheet]], split: str,
-         finish: Callable[[Path, Path], None] | None = None) -> Input:  # fmt: skip
+def _pdf(
+    kind: str,
+    stem: str,
+    groups: Sequence[Sequence[Sheet]],
+    split: str,
+    finish: Callable[[Path, Path], None] | None = None,
+) -> Input:
     sheets, parts, separators = _pages(groups, split)
 
     def write(folder: Path) -> None:
@@ -121,23 +140,35 @@ def _pdf(kind: str, stem: str, groups: Sequence[Sequence[Sheet]], split: str,
 
 def _owner_password(made: Path, target: Path) -> None:
     with pymupdf.open(made) as doc:
-        doc.save(target, encryption=pymupdf.PDF_ENCRYPT_AES_256, owner_pw=OWNER_PASSWORD,
-                 user_pw="", permissions=pymupdf.PDF_PERM_PRINT)  # fmt: skip
+        doc.save(
+            target,
+            encryption=pymupdf.PDF_ENCRYPT_AES_256,
+            owner_pw=OWNER_PASSWORD,
+            user_pw="",
+            permissions=pymupdf.PDF_PERM_PRINT,
+        )
 
 
 def _tiff(split: str) -> Input:
     sheets, parts, separators = _pages(SCANS, split)
 
     def write(folder: Path) -> None:
-        frames = [scan_sheet(sheet, SCAN_DPI, seed).convert("L")
-                  for seed, sheet in enumerate(sheets)]  # fmt: skip
+        frames = [
+            scan_sheet(sheet, SCAN_DPI, seed).convert("L") for seed, sheet in enumerate(sheets)
+        ]
         hidden = folder / ".multipage.tif"
-        frames[0].save(hidden, save_all=True, append_images=frames[1:], compression="tiff_lzw",
-                       dpi=(SCAN_DPI, SCAN_DPI))  # fmt: skip
+        frames[0].save(
+            hidden,
+            save_all=True,
+            append_images=frames[1:],
+            compression="tiff_lzw",
+            dpi=(SCAN_DPI, SCAN_DPI),
+        )
         hidden.rename(folder / "multipage.tif")
 
-    return Input("multi-page TIFF", "multipage.tif", "multipage", parts, write,
-                 separators=separators)  # fmt: skip
+    return Input(
+        "multi-page TIFF", "multipage.tif", "multipage", parts, write, separators=separators
+    )
 
 
 def _png() -> Input:
@@ -156,8 +187,7 @@ def _job(split: str) -> Input:
         stack_folder(sheets, folder / ".scan-0001", dpi=SCAN_DPI, suffix=".jpg")
         (folder / ".scan-0001").rename(folder / "scan-0001")
 
-    return Input("scan job folder", "scan-0001", "scan-0001", parts, write,
-                 separators=separators)  # fmt: skip
+    return Input("scan job folder", "scan-0001", "scan-0001", parts, write, separators=separators)
 
 
 def _duplex(split: str) -> Input:
@@ -178,8 +208,15 @@ def _duplex(split: str) -> Input:
     def write_backs(folder: Path) -> None:
         stack_pdf(backs, folder / ".backs.pdf").rename(folder / "backs.pdf")
 
-    return Input("collated duplex", "fronts.pdf", "fronts", parts, write,
-                 [3] if split != "none" else [], write_backs)  # fmt: skip
+    return Input(
+        "collated duplex",
+        "fronts.pdf",
+        "fronts",
+        parts,
+        write,
+        [3] if split != "none" else [],
+        write_backs,
+    )
 
 
 def make_input(kind: str, split: str) -> Input:

@@ -143,8 +143,19 @@ def _build_tarball(script: str, building: Path, partial: Path) -> None:
             what="building the container's root file system (debootstrap, Debian's mirror)",
         )
         run_host(
-            ["tar", "-C", str(building), "--numeric-owner", "--acls", "--xattrs",
-             "-I", "gzip -1", "-cf", str(partial), "."],
+            [
+                "tar",
+                "-C",
+                str(building),
+                "--numeric-owner",
+                "--acls",
+                "--xattrs",
+                "-I",
+                "gzip -1",
+                "-cf",
+                str(partial),
+                ".",
+            ],
             timeout=300,
             what="packing the root file system",
         )
@@ -185,8 +196,13 @@ def run_unbooted(
     """`script` (sh) in the container without booting it, on the host's network: for steps
     that download (pip). Raises GuestCommandFailed with its output when it fails."""
     arguments = [
-        "systemd-nspawn", "--quiet", f"--directory={rootfs}", f"--machine={_name('setup')}",
-        "--register=no", "--keep-unit", "--as-pid2",
+        "systemd-nspawn",
+        "--quiet",
+        f"--directory={rootfs}",
+        f"--machine={_name('setup')}",
+        "--register=no",
+        "--keep-unit",
+        "--as-pid2",
     ]
     arguments += [f"--bind={host}:{guest}" for host, guest in binds]
     arguments += [f"--setenv={k}={os.environ[k]}" for k in PROXY_VARIABLES if k in os.environ]
@@ -216,8 +232,15 @@ class Guest:
     ) -> subprocess.CompletedProcess[str]:
         """A command inside the container (all its namespaces), with a clean environment."""
         arguments = [
-            "nsenter", "-t", str(self.leader), "-a",
-            "env", "-i", f"PATH={GUEST_PATH}", "LANG=C.UTF-8", *command,
+            "nsenter",
+            "-t",
+            str(self.leader),
+            "-a",
+            "env",
+            "-i",
+            f"PATH={GUEST_PATH}",
+            "LANG=C.UTF-8",
+            *command,
         ]
         result = subprocess.run(
             arguments, capture_output=True, text=True, input=input, timeout=timeout
@@ -316,10 +339,17 @@ def _start_nspawn(
     # the guest's systemd is delegated a subtree (--keep-unit: no scope from a host manager).
     enter = "; ".join(f"echo $$ > {shlex.quote(str(c / 'cgroup.procs'))}" for c in cgroups)
     nspawn = [
-        "systemd-nspawn", "--boot", f"--directory={rootfs}", f"--machine={name}",
-        "--register=no", "--keep-unit", "--private-network", "--console=read-only",
+        "systemd-nspawn",
+        "--boot",
+        f"--directory={rootfs}",
+        f"--machine={name}",
+        "--register=no",
+        "--keep-unit",
+        "--private-network",
+        "--console=read-only",
         # The unit's DevicePolicy=/DeviceAllow= are BPF programs on the unified hierarchy.
-        "--capability=CAP_BPF", "--system-call-filter=bpf",
+        "--capability=CAP_BPF",
+        "--system-call-filter=bpf",
     ]
     with console.open("wb") as log:
         return subprocess.Popen(
@@ -337,9 +367,7 @@ def _wait_for_leader(process: subprocess.Popen[bytes], console: Path, timeout: f
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(
-                f"systemd-nspawn exited ({process.returncode}):\n{_tail(console)}"
-            )
+            raise AssertionError(f"systemd-nspawn exited ({process.returncode}):\n{_tail(console)}")
         leader = _systemd_child(process.pid)
         if leader is not None:
             return leader

@@ -50,9 +50,11 @@ def pairwise(
                 raise ValueError(f"no value of {name} fits {row}")
             row[name] = max(
                 choices,
-                key=lambda v: (len(_pairs({**row, name: v}, names) & uncovered),
-                               -list(dimensions[name]).index(v)),
-            )  # fmt: skip
+                key=lambda v: (
+                    len(_pairs({**row, name: v}, names) & uncovered),
+                    -list(dimensions[name]).index(v),
+                ),
+            )
         rows.append({name: row[name] for name in names})
         uncovered -= _pairs(row, names)
     return rows
@@ -62,5 +64,9 @@ def _order(pair: Pair, dimensions: Mapping[str, Sequence[str]]) -> tuple[int, ..
     """Pairs in the order of their dimensions and values, as given."""
     names = list(dimensions)
     (a, x), (b, y) = pair
-    return (names.index(a), names.index(b), list(dimensions[a]).index(x),
-            list(dimensions[b]).index(y))  # fmt: skip
+    return (
+        names.index(a),
+        names.index(b),
+        list(dimensions[a]).index(x),
+        list(dimensions[b]).index(y),
+    )

@@ -89,12 +89,21 @@ class Worker:
         if garble is not None:
             self.garble = garble
         argv = [
-            sys.executable, "-m", "ocrd.engines.simulated_server",
-            "--replica", str(self.number), "--port", str(self.port),
-            "--seconds-per-page", str(self.seconds_per_page),
-            "--capacity", str(self.capacity), "--answers-test-page",
-            "--answers-file", str(self.answers),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "ocrd.engines.simulated_server",
+            "--replica",
+            str(self.number),
+            "--port",
+            str(self.port),
+            "--seconds-per-page",
+            str(self.seconds_per_page),
+            "--capacity",
+            str(self.capacity),
+            "--answers-test-page",
+            "--answers-file",
+            str(self.answers),
+        ]
         if self.garble:
             argv.append("--garble")
         if self.exit_on_marked_pages:
@@ -143,11 +152,20 @@ class VllmRouter:
         self.port = free_port()
         self.log = folder / "vllm-router.log"
         self.argv = [
-            router_binary(), "--host", "127.0.0.1", "--port", str(self.port),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--worker-urls", *urls,
-            "--log-level", "warning",
-        ]  # fmt: skip
+            router_binary(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(free_port()),
+            "--worker-urls",
+            *urls,
+            "--log-level",
+            "warning",
+        ]
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

@@ -100,8 +100,10 @@ def draw_patch_bars(page: pymupdf.Page, pattern: str, edges: str = "tblr") -> No
         if "l" in edges:
             _fill(page, pymupdf.Rect(offset, PATCH_MARGIN, inner, height - PATCH_MARGIN))
         if "r" in edges:
-            _fill(page, pymupdf.Rect(width - inner, PATCH_MARGIN, width - offset,
-                                     height - PATCH_MARGIN))  # fmt: skip
+            _fill(
+                page,
+                pymupdf.Rect(width - inner, PATCH_MARGIN, width - offset, height - PATCH_MARGIN),
+            )
         offset = inner + NARROW
 
 
@@ -119,19 +121,24 @@ def patch_sheet(
     name = "PATCH T" if pattern == PATCH_T else "PATCH 3" if pattern == PATCH_3 else "PATCH"
     draw_patch_bars(page, pattern, edges)
     page.insert_text((2.1 * INCH, 2.6 * INCH), name, fontsize=54)
-    page.insert_text((2.4 * INCH, 3.0 * INCH), "Sized for printing unscaled on A4 paper",
-                     fontsize=11)  # fmt: skip
-    _write_lines(page, 3.4 * INCH, (
-        "Patch code separator sheet; the geometry is that of Kodak publication A-61599.",
-        "Wide black bars must be 0.20 in, narrow bars and white spaces 0.08 in.",
-        "Print at 100 % scale on white paper, in black, with no toner saving.",
-        "Put one sheet between documents; it is not part of either document.",
-    ))  # fmt: skip
+    page.insert_text(
+        (2.4 * INCH, 3.0 * INCH), "Sized for printing unscaled on A4 paper", fontsize=11
+    )
+    _write_lines(
+        page,
+        3.4 * INCH,
+        (
+            "Patch code separator sheet; the geometry is that of Kodak publication A-61599.",
+            "Wide black bars must be 0.20 in, narrow bars and white spaces 0.08 in.",
+            "Print at 100 % scale on white paper, in black, with no toner saving.",
+            "Put one sheet between documents; it is not part of either document.",
+        ),
+    )
     if code39 and pattern == PATCH_T:
-        draw_barcode(page, "PATCHT", "Code39", (A4[0] / 2, 5.9 * INCH), 0.016 * INCH,
-                     height=0.9 * INCH)  # fmt: skip
-        page.insert_text((2.2 * INCH, 6.6 * INCH), 'The barcode is CODE 39 = "PATCHT"',
-                         fontsize=9)  # fmt: skip
+        draw_barcode(
+            page, "PATCHT", "Code39", (A4[0] / 2, 5.9 * INCH), 0.016 * INCH, height=0.9 * INCH
+        )
+        page.insert_text((2.2 * INCH, 6.6 * INCH), 'The barcode is CODE 39 = "PATCHT"', fontsize=9)
     return page
 
 
@@ -155,15 +162,26 @@ def invoice_with_barcode(doc: pymupdf.Document, text: str, symbology: str) -> py
     """A content page carrying an unrelated barcode (a parcel or invoice number)."""
     page = doc.new_page(width=A4[0], height=A4[1])
     page.insert_text((INCH, 1.2 * INCH), "INVOICE 2024-0815", fontsize=20)
-    _write_lines(page, 1.8 * INCH, (
-        "Acme Office Supplies, 12 Harbour Street, Portsmouth",
-        "Customer number 44 1029, order of 3 March",
-        "1 x toner cartridge, black .................... 89.00",
-        "2 x copy paper A4, 5 reams ................... 41.80",
-        "Total due within 30 days ...................... 130.80",
-    ), size=11)  # fmt: skip
-    draw_barcode(page, text, symbology, (A4[0] - 2.2 * INCH, 1.4 * INCH), 0.35 / 25.4 * INCH,
-                 height=0.6 * INCH)  # fmt: skip
+    _write_lines(
+        page,
+        1.8 * INCH,
+        (
+            "Acme Office Supplies, 12 Harbour Street, Portsmouth",
+            "Customer number 44 1029, order of 3 March",
+            "1 x toner cartridge, black .................... 89.00",
+            "2 x copy paper A4, 5 reams ................... 41.80",
+            "Total due within 30 days ...................... 130.80",
+        ),
+        size=11,
+    )
+    draw_barcode(
+        page,
+        text,
+        symbology,
+        (A4[0] - 2.2 * INCH, 1.4 * INCH),
+        0.35 / 25.4 * INCH,
+        height=0.6 * INCH,
+    )
     return page
 
 
@@ -306,8 +324,9 @@ def stack_folder(
             path = folder / f"p{number}.pdf"
             path.write_bytes(sheet_pdf(sheet))
         else:
-            path = save_scan(scan_sheet(sheet, dpi, seed + number), folder / f"p{number}{suffix}",
-                             dpi)  # fmt: skip
+            path = save_scan(
+                scan_sheet(sheet, dpi, seed + number), folder / f"p{number}{suffix}", dpi
+            )
         written.append(path)
     return written
 

@@ -79,9 +79,14 @@ def as_person(person: str, runtime: Runtime, cwd: Path, *arguments: str) -> subp
     """ATTACKER run by `person` in `cwd`; returns once it watches."""
     process = subprocess.Popen(
         [runtime.python, "-c", ATTACKER, *arguments],
-        cwd=cwd, user=person, group=user_group(person), extra_groups=groups_of(person),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=cwd,
+        user=person,
+        group=user_group(person),
+        extra_groups=groups_of(person),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "watching", process.communicate()[0]
     return process
@@ -351,8 +356,10 @@ def status_in_a_terminal(config: Path) -> str:
     with open(os.devnull) as nothing:
         process = subprocess.Popen(
             [sys.executable, "-m", "ocrd", "status", "--config", str(config)],
-            stdin=nothing, stdout=terminal, stderr=terminal,
-        )  # fmt: skip
+            stdin=nothing,
+            stdout=terminal,
+            stderr=terminal,
+        )
     os.close(terminal)
     shown = b""
     while True:
@@ -537,8 +544,9 @@ def test_a_flood_of_junk_files_cannot_run_hooks_without_bound(tmp_path: Path, st
     finished = daemon.find("document.finished")
     wait_until(
         lambda: daemon.find("hook.failed") or len(daemon.find("hook.finished")) >= 100,
-        60, "every document's hook to succeed (or one to fail)",
-    )  # fmt: skip
+        60,
+        "every document's hook to succeed (or one to fail)",
+    )
     hooks_failed = daemon.find("hook.failed")
     assert daemon.stop() == 0
 
@@ -566,14 +574,19 @@ def test_a_file_in_a_folder_made_unlistable_while_it_settles_is_never_deleted(
     daemon.wait_for("daemon.ready", timeout=60)
     wait_until(
         lambda: httpx.get(f"{url}/api/status").json()["inboxes"][0]["waiting"],
-        30, "the letter seen and waiting",
-    )  # fmt: skip
+        30,
+        "the letter seen and waiting",
+    )
     os.chmod(drop_box, 0o2730)  # alice (its owner) may do this at any time
     wait_until(
-        lambda: daemon.find("document.finished") or daemon.find("file.claim_failed")
-        or daemon.find("file.blocked"),
-        30, "ocrd to take the letter or give up on it",
-    )  # fmt: skip
+        lambda: (
+            daemon.find("document.finished")
+            or daemon.find("file.claim_failed")
+            or daemon.find("file.blocked")
+        ),
+        30,
+        "ocrd to take the letter or give up on it",
+    )
     assert daemon.stop() == 0
     places = [data / "inbox" / "drop-box", data / "work", data / "done", data / "failed"]
     found = [p for folder in places for p in folder.rglob("letter*.pdf")]
@@ -587,9 +600,10 @@ def test_a_link_to_the_root_folder_in_a_polled_inbox_does_not_hang_the_daemon(
     must not walk the whole machine through that link (/proc never ends), on the event
     loop or anywhere: ocrd becomes ready, /healthz answers, and a letter converts."""
     config = write_config(
-        tmp_path, {"polling": True, "poll_interval_seconds": 0.5},
+        tmp_path,
+        {"polling": True, "poll_interval_seconds": 0.5},
         pipeline={"rescan_interval_seconds": 1},
-    )  # fmt: skip
+    )
     inbox = tmp_path / "data" / "inbox"
     (inbox / "everything").symlink_to("/")
     daemon = start_daemon(config)
@@ -648,10 +662,12 @@ def test_a_subfolder_named_like_a_converted_files_markdown_is_no_storage_fault(
     (inbox / "letter.md").mkdir()
     make_pdf(inbox / "letter.md" / "x.pdf", 1)
     wait_until(
-        lambda: daemon.find("document.finished", path="letter.md/x.pdf")
-        or daemon.find("storage.fault"),
-        30, "x.pdf to settle",
-    )  # fmt: skip
+        lambda: (
+            daemon.find("document.finished", path="letter.md/x.pdf") or daemon.find("storage.fault")
+        ),
+        30,
+        "x.pdf to settle",
+    )
     readiness = httpx.get(f"{url}/readyz")
     assert daemon.stop() == 0
     assert daemon.find("storage.fault") == [], daemon.find("storage.fault")[0]["error"]

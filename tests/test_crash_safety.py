@@ -142,9 +142,7 @@ def test_a_daemon_killed_from_outside_blames_no_document(tmp_path: Path, start_d
 
     # A document may have finished before a kill: the last daemon finishes the others.
     last = start_daemon(config)
-    wait_until(
-        lambda: len(list((data / "done").glob("*.pdf"))) == 4, 120, lambda: last.output()
-    )
+    wait_until(lambda: len(list((data / "done").glob("*.pdf"))) == 4, 120, lambda: last.output())
     assert last.stop() == 0
     assert {event["outcome"] for event in last.find("document.finished")} == {"done"}
     assert not any(event["alone"] for event in last.find("document.started"))

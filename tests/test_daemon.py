@@ -218,12 +218,26 @@ def test_convert_shows_a_progress_bar_per_file_on_a_terminal(tmp_path: Path) -> 
     config = write_config(tmp_path, engine={"simulated": {"seconds_per_page": 0.3, "capacity": 2}})
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "ocrd", "convert", *map(str, pdfs), "--out",
-         str(tmp_path / "out"), "--config", str(config), "--engine", "simulated",
-         "--log-level", "warning"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal,
+        [
+            sys.executable,
+            "-m",
+            "ocrd",
+            "convert",
+            *map(str, pdfs),
+            "--out",
+            str(tmp_path / "out"),
+            "--config",
+            str(config),
+            "--engine",
+            "simulated",
+            "--log-level",
+            "warning",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
         env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
-    )  # fmt: skip
+    )
     os.close(terminal)
     screen = b""
     while True:

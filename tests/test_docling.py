@@ -62,8 +62,11 @@ def grounded_document(tmp_path: Path) -> DoclingDocument:
 
 def test_grounding_blocks_become_labelled_items_in_reading_order(tmp_path: Path) -> None:
     doc = grounded_document(tmp_path)
-    body = [(item.label, getattr(item, "text", None)) for item, _ in doc.iterate_items()
-            if not (isinstance(item, TextItem) and item.label is DocItemLabel.CAPTION)]  # fmt: skip
+    body = [
+        (item.label, getattr(item, "text", None))
+        for item, _ in doc.iterate_items()
+        if not (isinstance(item, TextItem) and item.label is DocItemLabel.CAPTION)
+    ]
     assert body == [
         (DocItemLabel.TITLE, "Quarterly Report & Outlook"),
         (DocItemLabel.TEXT, "Revenue grew by 12% in Q3 <unaudited>. The board met on 3 October."),
@@ -139,8 +142,14 @@ def test_chunks_carry_their_headings_pages_and_boxes(tmp_path: Path) -> None:
     assert revenue["text"].startswith("Quarterly Report & Outlook\nRevenue grew")
     assert revenue["page_numbers"] == [1]
     # origin top left in points, as ocrd's layout file measures boxes
-    assert revenue["boxes"] == [{"page": 1, "box_pt": pytest.approx(
-        [62 / 999 * 612, 90 / 999 * 792, 934 / 999 * 612, 160 / 999 * 792], abs=0.01)}]
+    assert revenue["boxes"] == [
+        {
+            "page": 1,
+            "box_pt": pytest.approx(
+                [62 / 999 * 612, 90 / 999 * 792, 934 / 999 * 612, 160 / 999 * 792], abs=0.01
+            ),
+        }
+    ]
     listed = next(r for r in records if r["raw_text"] == "- one\n- two")
     assert listed["headings"] == ["Quarterly Report & Outlook", "Findings"]
     assert len(listed["doc_items"]) == 2
@@ -154,18 +163,41 @@ def test_ocrd_convert_writes_docling_and_chunks_for_a_scan_and_a_born_digital_pd
     DoclingDocument whose items have boxes around their words, and chunks beside it."""
     config = tmp_path / "config.yaml"
     (tmp_path / "inbox").mkdir()
-    config.write_text(yaml.safe_dump({
-        "inboxes": [{"path": "inbox", "outputs": ["markdown", "docling", "chunks"],
-                     "pdf_text": "prefer"}],
-        "engine": {"kind": "rapidocr"},
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "inboxes": [
+                    {
+                        "path": "inbox",
+                        "outputs": ["markdown", "docling", "chunks"],
+                        "pdf_text": "prefer",
+                    }
+                ],
+                "engine": {"kind": "rapidocr"},
+            }
+        )
+    )
     scan = corpus / "scans" / "phototest.tif"
     pdf = corpus / "real" / "sample-files__google-doc-document.pdf"
     run = subprocess.run(
-        [sys.executable, "-m", "ocrd", "convert", str(scan), str(pdf), "--out",
-         str(tmp_path / "out"), "--config", str(config), "--log-format", "json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ocrd",
+            "convert",
+            str(scan),
+            str(pdf),
+            "--out",
+            str(tmp_path / "out"),
+            "--config",
+            str(config),
+            "--log-format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "out"
 

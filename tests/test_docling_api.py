@@ -31,8 +31,13 @@ SLOW_ENGINE = {"kind": "simulated", "simulated": {"seconds_per_page": 3}}
 
 def convert(url: str, path: Path, route: str = "/v1/convert/file", **fields: Any) -> httpx.Response:
     with path.open("rb") as handle:
-        return httpx.post(f"{url}{route}", headers=KEY, data=fields,
-                          files={"files": (path.name, handle)}, timeout=300)  # fmt: skip
+        return httpx.post(
+            f"{url}{route}",
+            headers=KEY,
+            data=fields,
+            files={"files": (path.name, handle)},
+            timeout=300,
+        )
 
 
 def settled(url: str, task_id: str, timeout: float = 300) -> dict[str, Any]:
@@ -93,10 +98,17 @@ def test_the_synchronous_routes_answer_when_done_in_every_format(
     loaded = DoclingDocument.model_validate(document["json_content"])
     assert loaded.texts[0].text == document["text_content"].split("\n\n")[0]
 
-    source = {"kind": "file", "filename": "scan.tif",
-              "base64_string": base64.b64encode(scan.read_bytes()).decode()}  # fmt: skip
-    answer = httpx.post(f"{url}/v1/convert/source", headers=KEY, timeout=300,
-                        json={"sources": [source], "options": {"to_formats": ["text"]}})
+    source = {
+        "kind": "file",
+        "filename": "scan.tif",
+        "base64_string": base64.b64encode(scan.read_bytes()).decode(),
+    }
+    answer = httpx.post(
+        f"{url}/v1/convert/source",
+        headers=KEY,
+        timeout=300,
+        json={"sources": [source], "options": {"to_formats": ["text"]}},
+    )
     assert answer.status_code == 200, answer.text
     document = answer.json()["document"]
     assert document["filename"] == "scan.tif" and "md_content" not in document
@@ -113,37 +125,50 @@ def test_options_are_honoured_or_refused_by_name(
     _, url = uploading_daemon(tmp_path, start_daemon, engine=engine)
     scans = corpus / "scans" / "multipage-scan.tif"
 
-    ranged = convert(url, scans, to_formats=["json", "md"], page_range=["2", "3"],
-                     image_export_mode="referenced").json()  # fmt: skip
+    ranged = convert(
+        url, scans, to_formats=["json", "md"], page_range=["2", "3"], image_export_mode="referenced"
+    ).json()
     doc = DoclingDocument.model_validate(ranged["document"]["json_content"])
     assert sorted(doc.pages) == [2, 3]
     assert {p.prov[0].page_no for p in doc.pictures} == {2, 3}
-    [link] = [line for line in ranged["document"]["md_content"].splitlines()
-              if line.startswith("![")][:1]  # fmt: skip
+    [link] = [
+        line for line in ranged["document"]["md_content"].splitlines() if line.startswith("![")
+    ][:1]
     figure = httpx.get(link[link.index("(") + 1 : -1], timeout=30)
     assert figure.status_code == 200 and figure.content.startswith(b"\x89PNG")
 
-    embedded = convert(url, corpus / "scans" / "phototest.tif", to_formats=["json", "md"],
-                       image_export_mode="embedded").json()["document"]  # fmt: skip
+    embedded = convert(
+        url,
+        corpus / "scans" / "phototest.tif",
+        to_formats=["json", "md"],
+        image_export_mode="embedded",
+    ).json()["document"]
     assert "](data:image/png;base64," in embedded["md_content"]
     picture = embedded["json_content"]["pictures"][0]
     assert picture["image"]["uri"].startswith("data:image/png;base64,")
     placeholder = convert(url, corpus / "scans" / "phototest.tif").json()["document"]
     assert "<!-- image -->" in placeholder["md_content"] and "json_content" not in placeholder
 
-    for field, value, named in (("ocr_lang", "de", "ocr_lang"), ("to_formats", "html",
-                                "to_formats"), ("do_picture_description", "true",
-                                "do_picture_description"), ("table_mode", "fast", "table_mode"),
-                                ("no_such_option", "1", "no_such_option")):  # fmt: skip
+    for field, value, named in (
+        ("ocr_lang", "de", "ocr_lang"),
+        ("to_formats", "html", "to_formats"),
+        ("do_picture_description", "true", "do_picture_description"),
+        ("table_mode", "fast", "table_mode"),
+        ("no_such_option", "1", "no_such_option"),
+    ):
         refused = convert(url, scans, route="/v1/convert/file/async", **{field: value})
         assert refused.status_code == 422, refused.text
         assert refused.json()["detail"].startswith(named)
-    accepted = convert(url, scans, route="/v1/convert/file/async", table_mode="accurate",
-                       abort_on_error="true")  # fmt: skip
+    accepted = convert(
+        url, scans, route="/v1/convert/file/async", table_mode="accurate", abort_on_error="true"
+    )
     assert accepted.status_code == 200 and accepted.json()["task_status"] == "pending"
     inbox = tmp_path / "data" / "inbox"
-    wait_until(lambda: not [p for p in files_under(inbox) if not Path(p).name.startswith(".")],
-               60, "the accepted task claimed, nothing refused left")  # fmt: skip
+    wait_until(
+        lambda: not [p for p in files_under(inbox) if not Path(p).name.startswith(".")],
+        60,
+        "the accepted task claimed, nothing refused left",
+    )
 
 
 def test_a_task_accepted_before_a_sigkill_is_answered_after_the_restart(
@@ -153,8 +178,13 @@ def test_a_task_accepted_before_a_sigkill_is_answered_after_the_restart(
     restarted daemon converts it with its page range, and the client polling the same task
     id gets its result."""
     daemon, url = uploading_daemon(tmp_path, start_daemon, engine=SLOW_ENGINE)
-    accepted = convert(url, corpus / "scans" / "multipage-scan.tif", "/v1/convert/file/async",
-                       page_range=["2", "3"], to_formats=["json"])  # fmt: skip
+    accepted = convert(
+        url,
+        corpus / "scans" / "multipage-scan.tif",
+        "/v1/convert/file/async",
+        page_range=["2", "3"],
+        to_formats=["json"],
+    )
     assert accepted.status_code == 200, accepted.text
     task_id = accepted.json()["task_id"]
     daemon.wait_for("document.started", timeout=120)
@@ -182,8 +212,12 @@ def test_a_client_that_goes_away_loses_nothing_and_results_are_tidied_in_time(
     http = {"docling": {"results_keep_seconds": 8}}
     daemon, url = uploading_daemon(tmp_path, start_daemon, engine=SLOW_ENGINE, http=http)
     with pytest.raises(httpx.ReadTimeout), (corpus / "scans" / "phototest.tif").open("rb") as f:
-        httpx.post(f"{url}/v1/convert/file", headers=KEY, files={"files": ("scan.tif", f)},
-                   timeout=httpx.Timeout(60, read=1))  # fmt: skip
+        httpx.post(
+            f"{url}/v1/convert/file",
+            headers=KEY,
+            files={"files": ("scan.tif", f)},
+            timeout=httpx.Timeout(60, read=1),
+        )
     [accepted] = daemon.wait_for("task.accepted")
     task_id = accepted["id"]
     assert settled(url, task_id)["task_status"] == "success"
@@ -207,8 +241,10 @@ def test_failure_and_the_answers_clients_rely_on(
     _, url = uploading_daemon(tmp_path, start_daemon, engine={"kind": "rapidocr"})
     broken = tmp_path / "broken.pdf"
     broken.write_bytes(b"%PDF-1.4\nnot a pdf at all\n")
-    with DoclingServiceClient(url=url, api_key=TOKEN, job_timeout=120) as client, \
-            pytest.raises(ConversionError):  # fmt: skip
+    with (
+        DoclingServiceClient(url=url, api_key=TOKEN, job_timeout=120) as client,
+        pytest.raises(ConversionError),
+    ):
         client.convert(broken)
     answer = convert(url, broken)
     assert answer.json()["status"] == "failure"
@@ -228,7 +264,8 @@ def test_failure_and_the_answers_clients_rely_on(
 def file_server(corpus: Path) -> Iterator[str]:
     """A plain HTTP server on loopback serving the corpus' scans."""
     handler = lambda *a: http.server.SimpleHTTPRequestHandler(  # noqa: E731
-        *a, directory=str(corpus / "scans"))
+        *a, directory=str(corpus / "scans")
+    )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -242,8 +279,12 @@ def test_url_sources_only_from_listed_hosts(
     _, url = uploading_daemon(tmp_path, start_daemon, engine={"kind": "rapidocr"}, http=http)
 
     def source(address: str) -> httpx.Response:
-        return httpx.post(f"{url}/v1/convert/source", headers=KEY, timeout=300, json={
-            "sources": [{"kind": "http", "url": address}], "options": {"to_formats": ["md"]}})
+        return httpx.post(
+            f"{url}/v1/convert/source",
+            headers=KEY,
+            timeout=300,
+            json={"sources": [{"kind": "http", "url": address}], "options": {"to_formats": ["md"]}},
+        )
 
     fetched = source(f"{file_server}/phototest.tif")
     assert fetched.status_code == 200, fetched.text
@@ -295,20 +336,29 @@ def test_the_readme_curl_examples_work_as_written(
     given by the environment instead of their placeholder lines)."""
     import subprocess
 
-    _, url = uploading_daemon(tmp_path, start_daemon, {"pdf_text": "prefer"},
-                              engine={"kind": "rapidocr"})  # fmt: skip
+    _, url = uploading_daemon(
+        tmp_path, start_daemon, {"pdf_text": "prefer"}, engine={"kind": "rapidocr"}
+    )
     script = "\n".join(
-        line for line in readme_block("<!-- docling-curl-examples").splitlines()
+        line
+        for line in readme_block("<!-- docling-curl-examples").splitlines()
         if not line.startswith(("export OCRD_HTTP_TOKEN=", "OCRD="))
-    )  # fmt: skip
+    )
     work = tmp_path / "client"
     work.mkdir()
     (work / "scan.tif").write_bytes((corpus / "scans" / "phototest.tif").read_bytes())
-    (work / "scan.pdf").write_bytes((corpus / "real" / "sample-files__pdflatex-4-pages.pdf")
-                                    .read_bytes())  # fmt: skip
+    (work / "scan.pdf").write_bytes(
+        (corpus / "real" / "sample-files__pdflatex-4-pages.pdf").read_bytes()
+    )
     env = {"PATH": "/usr/bin:/bin", "OCRD_HTTP_TOKEN": TOKEN, "OCRD": url}
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, timeout=600,
-                         capture_output=True, text=True, env=env)  # fmt: skip
+    run = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=work,
+        timeout=600,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr
     result = json.loads((work / "result.json").read_text())
     assert result["document"]["md_content"].startswith("This is a lot of 12 point text")

@@ -245,4 +245,3 @@ def refuse_names(settler: Settler, refused: set[Naming]) -> list[Naming]:
 
     settler.done = done  # type: ignore[method-assign]
     return asked
-

@@ -38,18 +38,27 @@ def share_everything(folder: Path) -> None:
     to other folders: the group may write, and so may whatever is made inside."""
     os.chmod(folder, 0o2775)
     subprocess.run(
-        ["setfacl", "-m", f"group:{SHARE}:rwx,default:group:{SHARE}:rwx,default:mask::rwx",
-         str(folder)],
+        [
+            "setfacl",
+            "-m",
+            f"group:{SHARE}:rwx,default:group:{SHARE}:rwx,default:mask::rwx",
+            str(folder),
+        ],
         check=True,
-    )  # fmt: skip
+    )
 
 
 def as_user(person: str, code: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     """A Python snippet run as `person` (with their groups)."""
     return subprocess.run(
-        ["python3", "-c", code, *arguments], user=person, group=user_group(person),
-        extra_groups=groups_of(person), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        ["python3", "-c", code, *arguments],
+        user=person,
+        group=user_group(person),
+        extra_groups=groups_of(person),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 TRY_EVERYTHING = r"""
@@ -93,12 +102,15 @@ def test_an_upload_is_the_uploaders_alone_until_claimed_whatever_the_inboxs_acl(
     upload waiting there must still be nobody else's: alice, in the group, can neither
     list the uploads, read or overwrite the file, drop one beside it, nor move its folder;
     and no ACL entry of the inbox's is left on its folders or its file."""
-    daemon, url, data = uploading_as_service(
-        shared_root, runtime, start_daemon, settle_seconds=600
-    )
+    daemon, url, data = uploading_as_service(shared_root, runtime, start_daemon, settle_seconds=600)
     pdf = make_text_pdf(shared_root / "payslip.pdf", "Salary of Bob")
-    sent = httpx.post(f"{url}/api/documents", headers=AUTH, params={"filename": "payslip.pdf"},
-                      content=pdf.read_bytes(), timeout=30)  # fmt: skip
+    sent = httpx.post(
+        f"{url}/api/documents",
+        headers=AUTH,
+        params={"filename": "payslip.pdf"},
+        content=pdf.read_bytes(),
+        timeout=30,
+    )
     assert sent.status_code == 202, sent.text
     upload_id = sent.json()["id"]
     uploads = data / "inbox" / "uploads"
@@ -127,8 +139,13 @@ def test_a_file_beside_an_upload_is_never_its_document(
     uploaded file's text, never the other's."""
     daemon, url, data = uploading_as_service(shared_root, runtime, start_daemon, settle_seconds=3)
     pdf = make_text_pdf(shared_root / "letter.pdf", "Upload of Bob")
-    sent = httpx.post(f"{url}/api/documents", headers=AUTH, params={"filename": "letter.pdf"},
-                      content=pdf.read_bytes(), timeout=30)  # fmt: skip
+    sent = httpx.post(
+        f"{url}/api/documents",
+        headers=AUTH,
+        params={"filename": "letter.pdf"},
+        content=pdf.read_bytes(),
+        timeout=30,
+    )
     assert sent.status_code == 202, sent.text
     accepted = sent.json()
     folder = data / "inbox" / "uploads" / accepted["id"]
@@ -161,8 +178,13 @@ def test_upload_names_are_refused_as_the_readme_says_naming_the_given_name(
     body = make_pdf(tmp_path / "scan.pdf", 1).read_bytes()
     long_name = "scan." + "x" * 300
     for name in (".x.tif", "folder/.x.tif", long_name):
-        answer = httpx.post(f"{url}/api/documents", params={"filename": name}, content=body,
-                            headers=AUTH, timeout=30)  # fmt: skip
+        answer = httpx.post(
+            f"{url}/api/documents",
+            params={"filename": name},
+            content=body,
+            headers=AUTH,
+            timeout=30,
+        )
         assert answer.status_code == 422, (name, answer.text)
         assert name.rsplit("/", 1)[-1][:60] in answer.json()["error"], answer.text
     assert daemon.stop() == 0
@@ -176,8 +198,9 @@ def test_an_odd_host_header_still_gets_the_upload_answered_once(
     """A Host header that is no host (a raw client, a broken proxy) once made the answer
     fail with 500 after the file was committed, so a retry made a second document. The
     answer is made before the commit: 202 with links relative to the server, one upload."""
-    config = write_config(tmp_path, {"uploads": True, "settle_seconds": 600},
-                          http={"listen": "127.0.0.1:0"})  # fmt: skip
+    config = write_config(
+        tmp_path, {"uploads": True, "settle_seconds": 600}, http={"listen": "127.0.0.1:0"}
+    )
     daemon = start_daemon(config, env=WITH_TOKEN)
     port = int(base_url(daemon).rsplit(":", 1)[1])
     daemon.wait_for("daemon.ready")
@@ -226,8 +249,13 @@ def test_an_uploads_folder_ocrd_cannot_use_is_a_problem_everywhere_once(
     daemon = start_daemon(config, env=WITH_TOKEN, runtime=runtime, user=SERVICE)
     url = base_url(daemon)
     daemon.wait_for("daemon.ready", timeout=60)
-    refused = httpx.post(f"{url}/api/documents", params={"filename": "a.pdf"},
-                         content=b"%PDF-1.4", headers=AUTH, timeout=30)  # fmt: skip
+    refused = httpx.post(
+        f"{url}/api/documents",
+        params={"filename": "a.pdf"},
+        content=b"%PDF-1.4",
+        headers=AUTH,
+        timeout=30,
+    )
     assert refused.status_code == 503, refused.text
 
     readiness = httpx.get(f"{url}/readyz")
@@ -245,8 +273,12 @@ def test_an_uploads_folder_ocrd_cannot_use_is_a_problem_everywhere_once(
     daemon.wait_for("uploads.usable", timeout=30)
     assert len(daemon.find("uploads.unusable")) == 1, "logged once, not at every look"
     assert httpx.get(f"{url}/readyz").status_code == 200
-    fixed = httpx.post(f"{url}/api/documents", params={"filename": "a.pdf"},
-                       content=make_pdf(shared_root / "a.pdf", 1).read_bytes(), headers=AUTH)
+    fixed = httpx.post(
+        f"{url}/api/documents",
+        params={"filename": "a.pdf"},
+        content=make_pdf(shared_root / "a.pdf", 1).read_bytes(),
+        headers=AUTH,
+    )
     assert fixed.status_code == 202, fixed.text
     assert metric(httpx.get(f"{url}/metrics").text, "ocrd_uploads_usable", inbox=inbox) == 1
     assert daemon.stop() == 0
@@ -279,15 +311,23 @@ def test_check_config_refuses_a_work_area_others_may_write(
     data = shared_data(shared_root)
     config = write_config(shared_root)
     checked = subprocess.run(
-        runtime.command("check-config", "--config", str(config)), env=runtime.environment(),
-        user=SERVICE, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        runtime.command("check-config", "--config", str(config)),
+        env=runtime.environment(),
+        user=SERVICE,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert checked.returncode == 0, checked.stderr
     WEAK_WORK_AREAS[weakness](data)
     checked = subprocess.run(
-        runtime.command("check-config", "--config", str(config)), env=runtime.environment(),
-        user=SERVICE, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        runtime.command("check-config", "--config", str(config)),
+        env=runtime.environment(),
+        user=SERVICE,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert checked.returncode == 78, checked.stdout + checked.stderr
     assert f"work folder {data / 'work'} is not ocrd's alone" in checked.stderr
     assert "chmod 700" in checked.stderr, checked.stderr
@@ -309,10 +349,16 @@ def test_the_daemon_refuses_to_start_on_a_work_area_its_group_may_write(
 def forged_claim(folder: Path, relative: str, settlement: dict[str, Any] | None) -> Path:
     folder.mkdir(parents=True, mode=0o700)
     state = {
-        "id": folder.name, "inbox": "anywhere", "relative_path": relative,
-        "claimed_at": "2026-01-01T00:00:00.000+00:00", "attempts": 0, "engine_deaths": [],
-        "companions": [], "settlement": settlement, "quarantine": None,
-    }  # fmt: skip
+        "id": folder.name,
+        "inbox": "anywhere",
+        "relative_path": relative,
+        "claimed_at": "2026-01-01T00:00:00.000+00:00",
+        "attempts": 0,
+        "engine_deaths": [],
+        "companions": [],
+        "settlement": settlement,
+        "quarantine": None,
+    }
     (folder / ".claim.json").write_text(json.dumps(state))
     return folder
 
@@ -333,21 +379,36 @@ def test_forged_claims_are_quarantined_and_steer_no_move(tmp_path: Path, start_d
     work = data / "work"
     failed = data / "failed"
     fail_plan = {
-        "outcome": "failed", "original": str(failed / "secret.txt"),
-        "error_report": str(failed / "secret.error.json"), "error": {"forged": True},
-    }  # fmt: skip
-    escape = forged_claim(work / "gpu1" / "20260101T000000-aaaaaa", "../../../private/secret.txt",
-                          fail_plan)  # fmt: skip
-    away = forged_claim(work / "gpu1" / "20260101T000000-bbbbbb", "letter.pdf", {
-        "outcome": "done", "original": str(private / "letter.pdf"),
-        "markdown": str(data / "outbox" / "letter.md"),
-    })  # fmt: skip
+        "outcome": "failed",
+        "original": str(failed / "secret.txt"),
+        "error_report": str(failed / "secret.error.json"),
+        "error": {"forged": True},
+    }
+    escape = forged_claim(
+        work / "gpu1" / "20260101T000000-aaaaaa", "../../../private/secret.txt", fail_plan
+    )
+    away = forged_claim(
+        work / "gpu1" / "20260101T000000-bbbbbb",
+        "letter.pdf",
+        {
+            "outcome": "done",
+            "original": str(private / "letter.pdf"),
+            "markdown": str(data / "outbox" / "letter.md"),
+        },
+    )
     make_pdf(away / "letter.pdf", 1)
     ghost_claim = work / "ghost" / "20260101T000000-cccccc"
     ghost = forged_claim(ghost_claim, "../../../../private/secret.txt", fail_plan)
     (work / ".leases").mkdir(mode=0o700)
-    lease = {"instance": "ghost", "host": "elsewhere", "boot": "", "pid": 1,
-             "process_start": "", "incarnation": "f0rged", "lease_seconds": 3}  # fmt: skip
+    lease = {
+        "instance": "ghost",
+        "host": "elsewhere",
+        "boot": "",
+        "pid": 1,
+        "process_start": "",
+        "incarnation": "f0rged",
+        "lease_seconds": 3,
+    }
     (work / ".leases" / "ghost").write_text(json.dumps(lease))
 
     daemon = start_daemon(config, env={"OCRD_INSTANCE": "gpu1"})
@@ -478,8 +539,9 @@ def test_a_job_folder_deeper_than_path_max_fails_with_its_reason(
     """A scan job whose page lies deeper than a path can name cannot be read whole: it
     goes to failed/ with that reason, once, instead of waiting for ever or being skipped as
     "an empty job folder" and found again at every rescan; a letter beside it converts."""
-    config = write_config(tmp_path, {"job_folders": ["scan-*"]},
-                          pipeline={"rescan_interval_seconds": 1})  # fmt: skip
+    config = write_config(
+        tmp_path, {"job_folders": ["scan-*"]}, pipeline={"rescan_interval_seconds": 1}
+    )
     staging = tmp_path / "staging"
     staging.mkdir()
     deeper_than_path_max(staging / "scan-deep", make_pdf(tmp_path / "p.pdf", 1).read_bytes())

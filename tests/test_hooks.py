@@ -97,12 +97,20 @@ def test_hooks_run_after_settling_and_never_hold_it_up(tmp_path: Path, start_dae
         retries = daemon.find("hook.retrying")
         assert len(retries) == 2 and retries[0]["retry_in_seconds"] == 1.0
         metrics = httpx.get(f"{url}/metrics").text
-        assert metric(metrics, "ocrd_hook_runs_total", event="on_done", kind="command",
-                      result="ok") == 1  # fmt: skip
-        assert metric(metrics, "ocrd_hook_runs_total", event="on_failed", kind="webhook",
-                      result="ok") == 1  # fmt: skip
-        assert metric(metrics, "ocrd_hook_runs_total", event="on_failed", kind="command",
-                      result="timeout") == 1  # fmt: skip
+        assert (
+            metric(metrics, "ocrd_hook_runs_total", event="on_done", kind="command", result="ok")
+            == 1
+        )
+        assert (
+            metric(metrics, "ocrd_hook_runs_total", event="on_failed", kind="webhook", result="ok")
+            == 1
+        )
+        assert (
+            metric(
+                metrics, "ocrd_hook_runs_total", event="on_failed", kind="command", result="timeout"
+            )
+            == 1
+        )
         assert daemon.stop() == 0
     finally:
         receiver.close()
@@ -184,9 +192,15 @@ def test_a_large_summary_reaches_the_hook_command_as_a_file(tmp_path: Path) -> N
     hooks = {"on_done": {"command": [sys.executable, "-c", script]}}
     inbox = InboxEntry(path=tmp_path, hooks=hooks).located(tmp_path)
     summary = DocumentSummary(
-        doc="d1", inbox=str(tmp_path), path="book.pdf", outcome=Outcome.done, seconds=1.0,
-        pages=40_000, blank_pages=list(range(1, 40_001)), markdown=str(tmp_path / "book.md"),
-    )  # fmt: skip
+        doc="d1",
+        inbox=str(tmp_path),
+        path="book.pdf",
+        outcome=Outcome.done,
+        seconds=1.0,
+        pages=40_000,
+        blank_pages=list(range(1, 40_001)),
+        markdown=str(tmp_path / "book.md"),
+    )
 
     async def run() -> Path:
         hooks = Hooks()
@@ -269,8 +283,9 @@ def test_each_part_of_a_split_document_gets_its_own_hook_run_and_webhook_deliver
     )
     receiver = WebhookReceiver(failures=0)
     try:
-        hooks = {"on_done": {"command": [sys.executable, "-c", script],
-                             "webhook": {"url": receiver.url}}}  # fmt: skip
+        hooks = {
+            "on_done": {"command": [sys.executable, "-c", script], "webhook": {"url": receiver.url}}
+        }
         inbox = {"hooks": hooks, "outputs": ["markdown", "pdf"], "split_on": ["patch_t"]}
         daemon = start_daemon(write_config(tmp_path, inbox))
         url = base_url(daemon)
@@ -281,8 +296,10 @@ def test_each_part_of_a_split_document_gets_its_own_hook_run_and_webhook_deliver
     finally:
         receiver.close()
     outbox, done = tmp_path / "data" / "outbox", tmp_path / "data" / "done"
-    runs = sorted((json.loads(line) for line in record.read_text().splitlines()),
-                  key=lambda facts: facts["OCRD_PART"])  # fmt: skip
+    runs = sorted(
+        (json.loads(line) for line in record.read_text().splitlines()),
+        key=lambda facts: facts["OCRD_PART"],
+    )
     bodies = sorted((body for _, body in receiver.received), key=lambda b: b["part"]["number"])
     assert [facts["OCRD_PART"] for facts in runs] == ["1/3", "2/3", "3/3"]
     for number, (facts, body) in enumerate(zip(runs, bodies, strict=True), start=1):
@@ -298,5 +315,4 @@ def test_each_part_of_a_split_document_gets_its_own_hook_run_and_webhook_deliver
             assert pdf.page_count == len(pages)
     assert len({facts["OCRD_DOCUMENT_ID"] for facts in runs}) == 1
     for kind in ("command", "webhook"):
-        assert metric(metrics, "ocrd_hook_runs_total", event="on_done", kind=kind,
-                      result="ok") == 3  # fmt: skip
+        assert metric(metrics, "ocrd_hook_runs_total", event="on_done", kind=kind, result="ok") == 3

@@ -58,12 +58,25 @@ def test_metrics_health_and_readiness_follow_the_work(tmp_path: Path, start_daem
 
     metrics = httpx.get(f"{url}/metrics").text
     inbox_label = str(inbox)
-    assert metric(metrics, "ocrd_documents_finished_total", inbox=inbox_label, outcome="done",
-                  stage="") == 1  # fmt: skip
-    assert metric(metrics, "ocrd_documents_finished_total", inbox=inbox_label,
-                  outcome="failed", stage="detect") == 1  # fmt: skip
-    assert metric(metrics, "ocrd_pages_recognised_total", finish_reason="stop",
-                  prompt="layout") == 3  # fmt: skip
+    assert (
+        metric(
+            metrics, "ocrd_documents_finished_total", inbox=inbox_label, outcome="done", stage=""
+        )
+        == 1
+    )
+    assert (
+        metric(
+            metrics,
+            "ocrd_documents_finished_total",
+            inbox=inbox_label,
+            outcome="failed",
+            stage="detect",
+        )
+        == 1
+    )
+    assert (
+        metric(metrics, "ocrd_pages_recognised_total", finish_reason="stop", prompt="layout") == 3
+    )
     assert metric(metrics, "ocrd_render_failures_total", reason="unsupported") == 1
     assert metric(metrics, "ocrd_document_seconds_count", pages="2-10") == 1
     assert metric(metrics, "ocrd_files_waiting", inbox=inbox_label) == 0
@@ -160,8 +173,10 @@ def test_ocrd_status_says_when_the_daemon_answering_serves_another_configuration
 def run_ocrd_status(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ocrd", "status", "--config", str(config), *extra],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def outward_address() -> str:
@@ -196,10 +211,17 @@ def chromium(*arguments: str) -> subprocess.CompletedProcess[str]:
     if binary is None:
         pytest.fail("Chromium is not installed: run scripts/install_test_packages.sh (as root)")
     flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", "--hide-scrollbars",
-    ]  # fmt: skip
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+    ]
     return subprocess.run([binary, *flags, *arguments], capture_output=True, text=True, timeout=120)
 
 
@@ -224,9 +246,11 @@ def test_the_status_page_in_a_real_browser(tmp_path: Path, start_daemon) -> None
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     screenshot = ARTIFACTS / "status-page.png"
     shot = chromium(
-        f"--user-data-dir={profile}", f"--screenshot={screenshot}", "--window-size=1200,1400",
+        f"--user-data-dir={profile}",
+        f"--screenshot={screenshot}",
+        "--window-size=1200,1400",
         f"{url}/",
-    )  # fmt: skip
+    )
     assert daemon.stop() == 0
 
     assert "annual report.pdf" in page

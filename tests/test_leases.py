@@ -363,9 +363,12 @@ def test_polling_is_chosen_where_the_inbox_is_on_a_network_filesystem() -> None:
         for path in ("/srv/scans/inbox", "/mnt/my share/in", "/mnt/ssh/in", "/mnt/usb", "/srv")
     }
     assert kinds == {
-        "/srv/scans/inbox": "nfs4", "/mnt/my share/in": "cifs", "/mnt/ssh/in": "fuse.sshfs",
-        "/mnt/usb": "fuseblk", "/srv": "ext4",
-    }  # fmt: skip
+        "/srv/scans/inbox": "nfs4",
+        "/mnt/my share/in": "cifs",
+        "/mnt/ssh/in": "fuse.sshfs",
+        "/mnt/usb": "fuseblk",
+        "/srv": "ext4",
+    }
     network = {path for path, kind in kinds.items() if is_network_filesystem(kind)}
     assert network == {"/srv/scans/inbox", "/mnt/my share/in", "/mnt/ssh/in"}
     local = InboxEntry(path=Path("/tmp")).located(Path("/"))

@@ -30,9 +30,10 @@ def test_sigterm_stops_claiming_at_once_with_20000_files_waiting(
     none is a PDF). On SIGTERM nothing more is claimed, what is in flight gets the grace
     period, and the daemon exits 0 well within the grace period and a few seconds."""
     config = write_config(
-        tmp_path, {"settle_seconds": 0.2},
+        tmp_path,
+        {"settle_seconds": 0.2},
         pipeline={"shutdown_grace_seconds": GRACE_SECONDS, "rescan_interval_seconds": 60},
-    )  # fmt: skip
+    )
     inbox = tmp_path / "data" / "inbox"
     for index in range(BACKLOG):
         (inbox / f"f{index:05d}.pdf").write_bytes(b"not a PDF")
@@ -99,8 +100,12 @@ def test_health_answers_while_waiting_clients_fill_every_connection(
     url = base_url(daemon)
     port = int(url.rsplit(":", 1)[1])
     daemon.wait_for("daemon.ready")
-    sent = httpx.post(f"{url}/api/documents", params={"filename": "a.pdf"}, headers=AUTH,
-                      content=b"%PDF-1.4 waits for an hour")  # fmt: skip
+    sent = httpx.post(
+        f"{url}/api/documents",
+        params={"filename": "a.pdf"},
+        headers=AUTH,
+        content=b"%PDF-1.4 waits for an hour",
+    )
     assert sent.status_code == 202, sent.text
     document = sent.json()["id"]
 
@@ -132,14 +137,19 @@ def test_waiting_clients_never_exhaust_open_files(tmp_path: Path, start_daemon: 
     waiting or told 503, none gets a 500, and health answers throughout."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))  # the clients' side
-    config = write_config(tmp_path, {"uploads": True, "settle_seconds": 3600},
-                          http={"listen": "127.0.0.1:0"})  # fmt: skip
+    config = write_config(
+        tmp_path, {"uploads": True, "settle_seconds": 3600}, http={"listen": "127.0.0.1:0"}
+    )
     daemon = start_daemon(config, env=WITH_TOKEN, open_files=1024)
     url = base_url(daemon)
     port = int(url.rsplit(":", 1)[1])
     daemon.wait_for("daemon.ready")
-    sent = httpx.post(f"{url}/api/documents", params={"filename": "a.pdf"}, headers=AUTH,
-                      content=b"%PDF-1.4 waits for an hour")  # fmt: skip
+    sent = httpx.post(
+        f"{url}/api/documents",
+        params={"filename": "a.pdf"},
+        headers=AUTH,
+        content=b"%PDF-1.4 waits for an hour",
+    )
     document = sent.json()["id"]
     clients = []
     try:

@@ -45,9 +45,12 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 def test_libraries_and_warnings_become_events(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", LIBRARIES_TALK], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", LIBRARIES_TALK],
+        capture_output=True,
+        text=True,
+        timeout=120,
         cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     events = json_lines(result.stderr + result.stdout)
     by_logger = {e.get("logger"): e for e in events}

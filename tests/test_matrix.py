@@ -83,8 +83,11 @@ def cells(full: bool) -> list[Cell]:
         return refusal(row.get("kind", ""), row.get("split", "")) is None
 
     rows = [Cell(**row) for row in pairwise(dimensions, allowed)]
-    refused = [Cell(kind, OUTPUTS[0], split, DELIVERIES[0])
-               for kind, split in product(KINDS, SPLITS) if refusal(kind, split)]  # fmt: skip
+    refused = [
+        Cell(kind, OUTPUTS[0], split, DELIVERIES[0])
+        for kind, split in product(KINDS, SPLITS)
+        if refusal(kind, split)
+    ]
     return rows + refused
 
 
@@ -138,8 +141,12 @@ def write_matrix_config(root: Path, runnable: list[Cell], receiver: str) -> Path
 
 
 def check_config(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ocrd", "check-config", "--config", str(config)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "ocrd", "check-config", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @dataclass
@@ -163,9 +170,13 @@ def _hand_in(run: Run, cell: Cell) -> None:
         staging.mkdir(parents=True)
         made.write(staging)
         with (staging / made.path).open("rb") as handle:
-            answer = httpx.post(f"{run.url}/api/documents", headers=AUTH, timeout=60,
-                                params={"inbox": str(inbox)},
-                                files={"file": (made.path, handle, "application/pdf")})  # fmt: skip
+            answer = httpx.post(
+                f"{run.url}/api/documents",
+                headers=AUTH,
+                timeout=60,
+                params={"inbox": str(inbox)},
+                files={"file": (made.path, handle, "application/pdf")},
+            )
         assert answer.status_code == 202, answer.text
         run.uploads[cell] = answer.json()["id"]
         return
@@ -216,8 +227,11 @@ class Expected:
 def finished_event(run: Run, cell: Cell, made: Input) -> dict[str, Any]:
     path = f"uploads/{run.uploads[cell]}/{made.path}" if cell in run.uploads else made.path
     inbox = str(run.root / cell.inbox)
-    [event] = [e for e in run.daemon.find("document.finished", path=path)
-               if str(e.get("original")).startswith(inbox + "/")]  # fmt: skip
+    [event] = [
+        e
+        for e in run.daemon.find("document.finished", path=path)
+        if str(e.get("original")).startswith(inbox + "/")
+    ]
     return event
 
 
@@ -262,8 +276,12 @@ def assert_part(made: Input, want: Expected, index: int) -> None:
     with pymupdf.open(pdf) as doc:
         assert doc.page_count == len(pages)
     for number, page in enumerate(pages, start=1):
-        text = subprocess.run(["pdftotext", "-f", str(number), "-l", str(number), str(pdf), "-"],
-                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+        text = subprocess.run(
+            ["pdftotext", "-f", str(number), "-l", str(number), str(pdf), "-"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert page.found_in(text), (pdf.name, number, page, text[:300])
     if want.archive:
         report = pikepdf.pdfa.validate_written(pdf, "2b")
@@ -281,21 +299,28 @@ def assert_delivered(
     inbox = run.root / cell.inbox / "inbox"
     if cell.delivery == "command":
         record = run.root / cell.inbox / "hook-record.jsonl"
-        runs = [facts for facts in map(json.loads, record.read_text().splitlines())
-                if facts["OCRD_PATH"] == event["path"]]  # fmt: skip
+        runs = [
+            facts
+            for facts in map(json.loads, record.read_text().splitlines())
+            if facts["OCRD_PATH"] == event["path"]
+        ]
         runs.sort(key=lambda facts: facts["OCRD_PART"])
         assert [f["OCRD_PART"] for f in runs] == [f"{k}/{count}" for k in range(1, count + 1)]
         assert [f["OCRD_MARKDOWN"] for f in runs] == markdowns
         assert [f["OCRD_PDF"] for f in runs] == pdfs
     elif cell.delivery == "webhook":
-        bodies = [body for _, body in run.receiver.received
-                  if body["inbox"] == str(inbox) and body["path"] == event["path"]]  # fmt: skip
+        bodies = [
+            body
+            for _, body in run.receiver.received
+            if body["inbox"] == str(inbox) and body["path"] == event["path"]
+        ]
         bodies.sort(key=lambda body: body.get("part", {}).get("number", 1))
         assert [body["markdown"] for body in bodies] == markdowns
         assert [body.get("pdf") or "" for body in bodies] == pdfs
         if count > 1:
-            assert [body["part"] for body in bodies] == [{"number": k, "of": count}
-                                                         for k in range(1, count + 1)]  # fmt: skip
+            assert [body["part"] for body in bodies] == [
+                {"number": k, "of": count} for k in range(1, count + 1)
+            ]
     else:
         assert_served(run, cell, want, event)
 
@@ -337,8 +362,9 @@ def test_a_cell_gives_what_the_readme_promises_or_is_refused(
     assert event["outcome"] == "done", event
     want = expected(run, cell, made)
     if len(made.parts) > 1:
-        assert [part["pages"] for part in event["parts"]] == [[p.number for p in part]
-                                                             for part in made.parts]  # fmt: skip
+        assert [part["pages"] for part in event["parts"]] == [
+            [p.number for p in part] for part in made.parts
+        ]
         assert [separator["page"] for separator in event["separators"]] == made.separators
     assert_outputs_exactly(made, want)
     for index in range(len(made.parts)):
@@ -346,7 +372,8 @@ def test_a_cell_gives_what_the_readme_promises_or_is_refused(
     assert event["original"] == str(run.root / cell.inbox / "done" / Path(event["path"]))
     assert Path(event["original"]).exists()
     assert not (run.root / cell.inbox / "failed").exists() or not any(
-        (run.root / cell.inbox / "failed").rglob(f"{made.stem}*"))  # fmt: skip
+        (run.root / cell.inbox / "failed").rglob(f"{made.stem}*")
+    )
     assert_delivered(run, cell, made, want, event)
 
 
@@ -359,8 +386,13 @@ def test_the_pairs_cover_every_allowed_pair_of_values() -> None:
         return refusal(row.get("kind", ""), row.get("split", "")) is None
 
     rows = pairwise(dimensions, allowed)
-    covered = {((a, row[a]), (b, row[b])) for row in rows for a in row for b in row
-               if list(dimensions).index(a) < list(dimensions).index(b)}  # fmt: skip
+    covered = {
+        ((a, row[a]), (b, row[b]))
+        for row in rows
+        for a in row
+        for b in row
+        if list(dimensions).index(a) < list(dimensions).index(b)
+    }
     assert all_pairs(dimensions, allowed) <= covered
     assert all(allowed(row) for row in rows)
     assert rows == pairwise(dimensions, allowed)  # the same rows every time

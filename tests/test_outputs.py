@@ -40,8 +40,11 @@ PARTS = [[1, 2], [4, 5], [7, 8, 9]]
 
 def page_numbers(markdown: str) -> list[int]:
     """The document pages a simulated engine's Markdown holds (its "Simulated page N")."""
-    return [int(line.split()[-1]) for line in markdown.splitlines()
-            if line.startswith("# Simulated page")]  # fmt: skip
+    return [
+        int(line.split()[-1])
+        for line in markdown.splitlines()
+        if line.startswith("# Simulated page")
+    ]
 
 
 def test_a_batch_scan_splits_into_documents_at_its_separator_sheets(
@@ -72,9 +75,10 @@ def test_a_batch_scan_splits_into_documents_at_its_separator_sheets(
     assert sorted(markdown_under(data / "outbox")) == sorted(
         [f"{n}-{k}.md" for n in ("batch", "scan-0042") for k in (1, 2, 3)]
     )
-    assert files_under(data / "done") == ["batch.pdf", *sorted(
-        f"scan-0042/{p.name}" for p in (data / "done" / "scan-0042").iterdir()
-    )]  # fmt: skip
+    assert files_under(data / "done") == [
+        "batch.pdf",
+        *sorted(f"scan-0042/{p.name}" for p in (data / "done" / "scan-0042").iterdir()),
+    ]
     assert claims_left(data / "work") == []
 
 
@@ -90,9 +94,10 @@ def test_a_searchable_pdf_lands_beside_the_markdown_and_survives_a_kill(
     Markdown, shows the original's pixels, and finds the recognised words; a daemon killed
     while writing leaves no half-written PDF, and the next start writes it once."""
     config = write_config(
-        tmp_path, {"outputs": ["markdown", "pdf"], "keep_raw": True},
+        tmp_path,
+        {"outputs": ["markdown", "pdf"], "keep_raw": True},
         engine={"kind": "rapidocr"},
-    )  # fmt: skip
+    )
     data = tmp_path / "data"
     scan = (corpus / "scans" / "phototest.tif").read_bytes()
     (data / "inbox" / "phototest.tif").write_bytes(scan)
@@ -109,24 +114,41 @@ def test_a_searchable_pdf_lands_beside_the_markdown_and_survives_a_kill(
     assert event["outcome"] == "done" and event["pdf"] == str(data / "outbox" / "phototest.pdf")
     text = subprocess.run(
         ["pdftotext", "-raw", str(data / "outbox" / "phototest.pdf"), "-"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for word in ("quick", "brown", "jumped", "lazy"):
         assert word in text
     with pymupdf.open(data / "outbox" / "phototest.pdf") as out:
         assert out.page_count == 1
     assert files_under(data / "outbox") == [
-        "letter.md", "letter.pdf", "letter.raw.jsonl",
-        "phototest.md", "phototest.pdf", "phototest.raw.jsonl",
+        "letter.md",
+        "letter.pdf",
+        "letter.raw.jsonl",
+        "phototest.md",
+        "phototest.pdf",
+        "phototest.raw.jsonl",
     ]  # one of each, nothing half-written left by the kill
 
     rerendered = tmp_path / "rerendered"
     result = subprocess.run(
-        [sys.executable, "-m", "ocrd", "rerender", str(data / "done" / "phototest.tif"),
-         str(data / "outbox" / "phototest.raw.jsonl"), "--out", str(rerendered),
-         "--config", str(config)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ocrd",
+            "rerender",
+            str(data / "done" / "phototest.tif"),
+            str(data / "outbox" / "phototest.raw.jsonl"),
+            "--out",
+            str(rerendered),
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert (rerendered / "phototest.pdf").is_file()
     assert (rerendered / "phototest.md").read_text() == (
@@ -200,8 +222,12 @@ def test_a_split_upload_lists_every_part_with_its_files_and_serves_them(
 def shapes(page: pymupdf.Page) -> None:
     """Ink without a letter: circles and a bar, as a chart or a drawing would be."""
     for index in range(8):
-        page.draw_circle((150 + index * 40, 300 + (index % 3) * 60), 30 + index * 3,
-                         color=(0.2, 0.3, 0.6), fill=(0.5, 0.7, 0.9))  # fmt: skip
+        page.draw_circle(
+            (150 + index * 40, 300 + (index % 3) * 60),
+            30 + index * 3,
+            color=(0.2, 0.3, 0.6),
+            fill=(0.5, 0.7, 0.9),
+        )
     page.draw_rect(pymupdf.Rect(80, 500, 520, 700), color=(0, 0, 0), fill=(0.9, 0.6, 0.2))
 
 
@@ -209,9 +235,11 @@ def short_lines_and_shapes(folder: Path) -> dict[str, Path]:
     """A letter whose pages each carry one short line of real 16 pt text; a report whose
     second page is a drawing without a word; a document that is nothing but a drawing."""
     made = {}
-    for name, pages in (("notes", ["Meeting notes, page 1", "Meeting notes, page 2"]),
-                        ("report", ["Quarterly report, second edition", None]),
-                        ("drawing", [None])):  # fmt: skip
+    for name, pages in (
+        ("notes", ["Meeting notes, page 1", "Meeting notes, page 2"]),
+        ("report", ["Quarterly report, second edition", None]),
+        ("drawing", [None]),
+    ):
         doc = pymupdf.open()
         for line in pages:
             page = doc.new_page(width=595, height=842)
@@ -246,8 +274,10 @@ def test_no_page_with_content_is_silently_empty(tmp_path: Path, start_daemon) ->
     assert report["outcome"] == "done" and report["pages_without_text"] == [2]
     markdown = (data / "outbox" / "report.md").read_text()
     assert "Quarterly report, second edition" in markdown
-    assert "<!-- ocrd: page 2 has content, but no text came from it: the engine read no text" \
+    assert (
+        "<!-- ocrd: page 2 has content, but no text came from it: the engine read no text"
         in markdown
+    )
     assert drawing["outcome"] == "failed" and drawing["stage"] == "recognise"
     assert drawing["reason"].startswith("no text came from any page with content (page 1")
     error = json.loads((data / "failed" / "drawing.error.json").read_text())

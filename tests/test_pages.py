@@ -95,9 +95,10 @@ def unmapped_glyphs(path: Path) -> Path:
     font = doc.get_new_xref()
     names = " ".join(f"/g{n:03d}" for n in range(26))
     doc.update_object(
-        font, "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica "
+        font,
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica "
         f"/Encoding << /Type /Encoding /Differences [65 {names}] >> >>",
-    )  # fmt: skip
+    )
     lines = " ".join("(THE QUICK BROWN FOX JUMPS) Tj 0 -14 Td" for _ in range(12))
     content = doc.get_new_xref()
     doc.update_object(content, "<< >>")
@@ -167,8 +168,12 @@ def test_blank_pages_are_not_sent_to_the_engine_but_nearly_blank_ones_are(
     assert markdown_of(book, marked).strip() == BLANK_MARKER
     dropped = DocumentOptions(blank_pages="drop")
     assert len(markdown_of(book, dropped)) <= 10  # olmOCR-Bench's test for this page
-    kept = convert(SimulatedEngine(SimulatedConfig(seconds_per_page=0.0)), paths[:1],
-                   DocumentOptions(blank_pages="keep"), tmp_path / "keep")  # fmt: skip
+    kept = convert(
+        SimulatedEngine(SimulatedConfig(seconds_per_page=0.0)),
+        paths[:1],
+        DocumentOptions(blank_pages="keep"),
+        tmp_path / "keep",
+    )
     assert kept[0].blank_pages == [] and "Simulated page 1" in markdown_of(kept[0], marked)
 
 

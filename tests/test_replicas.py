@@ -227,9 +227,12 @@ def test_a_replica_that_cannot_start_fails_the_engines_start_with_its_reason(
             model="m", request_timeout=5, self_check=False, restart=Backoff(0.2), local=True
         )
         engine = Router(
-            "test", [Replica("broken", link, keeper, 1)], SamplingConfig(), settings,
+            "test",
+            [Replica("broken", link, keeper, 1)],
+            SamplingConfig(),
+            settings,
             PageFiles(tmp_path).write,
-        )  # fmt: skip
+        )
         try:
             await engine.start()
         except Exception as error:
@@ -431,7 +434,7 @@ def test_ocrd_run_with_simulated_replicas_fails_only_the_document_whose_page_kil
     page = httpx.get(url).text
     assert "Engine replicas: 2 of 2 replicas ready" in page and "replica2" in page
     (tmp_path / "config.yaml").write_text(
-        (tmp_path / "config.yaml").read_text().replace("127.0.0.1:0", url[len("http://"):])
+        (tmp_path / "config.yaml").read_text().replace("127.0.0.1:0", url[len("http://") :])
     )
     status = run_ocrd_status(config)
     assert "engine replicas: 2 of 2 replicas ready" in status.stdout, status.stdout

@@ -222,9 +222,11 @@ def test_one_refusal_is_one_pages_and_no_other_page_is_sent_again(tmp_path: Path
 
         async def scenario() -> tuple[list[PageText], list[Any]]:
             config = OpenAiConfig(
-                router_url=router.url, model="simulated", max_concurrency=8,
+                router_url=router.url,
+                model="simulated",
+                max_concurrency=8,
                 retry_backoff_seconds=0.2,
-            )  # fmt: skip
+            )
             engine = create_engine(EngineConfig(kind="openai", openai=config), "openai")
             await engine.start()
             try:

@@ -81,9 +81,12 @@ def test_a_scan_job_folder_becomes_one_document_in_natural_page_order(
     )
     assert first < second < drawn < tenth
     assert files_under(data / "done") == [
-        "scan-0001/p1.pdf", "scan-0001/p10.pdf", "scan-0001/p2.pdf", "scan-0001/p3.png",
+        "scan-0001/p1.pdf",
+        "scan-0001/p10.pdf",
+        "scan-0001/p2.pdf",
+        "scan-0001/p3.png",
         "scan-0001/scan.xml",
-    ]  # fmt: skip
+    ]
     assert by_path["scan-0002"]["outcome"] == "failed"
     assert files_under(data / "failed") == ["scan-0002.error.json", "scan-0002/p1.pdf"]
     report = json.loads((data / "failed" / "scan-0002.error.json").read_text())

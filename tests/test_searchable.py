@@ -388,8 +388,15 @@ def grounded(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Converte
     return write_pdf(Sources.of(folder), pages, folder.parent / "grounded.pdf")
 
 
-ALL = ["multipage-scan.tif", "rotated_skew.pdf", "mixed.pdf", "cropped_rotated.pdf",
-       "job folder", "duplex", "encrypted.pdf"]  # fmt: skip
+ALL = [
+    "multipage-scan.tif",
+    "rotated_skew.pdf",
+    "mixed.pdf",
+    "cropped_rotated.pdf",
+    "job folder",
+    "duplex",
+    "encrypted.pdf",
+]
 PDF_INPUTS = ["rotated_skew.pdf", "mixed.pdf", "cropped_rotated.pdf", "encrypted.pdf"]
 
 
@@ -730,15 +737,20 @@ def test_a_damaged_encrypted_pdf_is_rewritten_and_stays_encrypted(
     """A rewrite keeps the original's protection: the same password opens it, with the same
     permissions."""
     with pymupdf.open(corpus / "real" / "ocrmypdf__cardinal.pdf") as doc:
-        doc.save(tmp_path / "sound.pdf", encryption=pymupdf.PDF_ENCRYPT_AES_256,
-                 owner_pw=OWNER_PASSWORD, user_pw=user_password,
-                 permissions=pymupdf.PDF_PERM_PRINT | pymupdf.PDF_PERM_COPY)  # fmt: skip
+        doc.save(
+            tmp_path / "sound.pdf",
+            encryption=pymupdf.PDF_ENCRYPT_AES_256,
+            owner_pw=OWNER_PASSWORD,
+            user_pw=user_password,
+            permissions=pymupdf.PDF_PERM_PRINT | pymupdf.PDF_PERM_COPY,
+        )
     source = with_broken_xref(tmp_path / "sound.pdf", tmp_path / "damaged.pdf")
     pages = one_line_pages(source, user_password)
     target = tmp_path / "out.pdf"
     order = [(0, n) for n in range(1, len(pages) + 1)]
-    result = write_searchable_pdf([(source, InputFormat.pdf)], order, pages, target,
-                                  passwords=[PASSWORD])  # fmt: skip
+    result = write_searchable_pdf(
+        [(source, InputFormat.pdf)], order, pages, target, passwords=[PASSWORD]
+    )
     assert not result.incremental and pdf_problems(target, user_password) == []
     before, after = pymupdf.open(tmp_path / "sound.pdf"), pymupdf.open(target)
     assert after.needs_pass == bool(user_password)
@@ -883,14 +895,19 @@ def test_an_archival_pdf_with_fonts_not_embedded_goes_through_ghostscript(
     corpus: Path, tmp_path: Path, recognised: dict[str, Converted]
 ) -> None:
     # A scanned page (with its layer) and a born-digital page whose fonts are not embedded.
-    mixed = pdf_of_pages(tmp_path / "mixed.pdf", [
-        (corpus / "real" / "ocrmypdf__francais.pdf", 1),
-        (corpus / "real" / "sample-files__pdfkit.pdf", 1),
-    ])  # fmt: skip
+    mixed = pdf_of_pages(
+        tmp_path / "mixed.pdf",
+        [
+            (corpus / "real" / "ocrmypdf__francais.pdf", 1),
+            (corpus / "real" / "sample-files__pdfkit.pdf", 1),
+        ],
+    )
     text_page = assemble_page(
-        PageInfo(2, (100, 100), 595, 842), PageText("", "stop"), PromptMode.layout,
+        PageInfo(2, (100, 100), 595, 842),
+        PageText("", "stop"),
+        PromptMode.layout,
         source=PageSource.text_layer,
-    )  # fmt: skip
+    )
     francais = recognised["job folder"].pages[3]
     plain = write_pdf(Sources((mixed,)), [francais, text_page], tmp_path / "plain.pdf")
     archive = write_pdf(Sources((mixed,)), [francais, text_page], tmp_path / "a.pdf", archive=True)
@@ -908,9 +925,11 @@ def test_a_pdf_that_cannot_be_pdfa_is_refused_with_the_reasons_and_leaves_no_fil
 ) -> None:
     source = corpus / "real" / "sample-files__annotated_pdf.pdf"
     page = assemble_page(
-        PageInfo(1, (100, 100), 595, 842), PageText("", "stop"), PromptMode.layout,
+        PageInfo(1, (100, 100), 595, 842),
+        PageText("", "stop"),
+        PromptMode.layout,
         source=PageSource.text_layer,
-    )  # fmt: skip
+    )
     target = tmp_path / "a.pdf"
     with pytest.raises(SearchablePdfError, match="cannot be made PDF/A-2b") as raised:
         write_searchable_pdf([(source, InputFormat.pdf)], [(0, 1)], [page], target, archive=True)

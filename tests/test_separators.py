@@ -63,9 +63,17 @@ CATALOGUE: list[tuple[str, Sheet, SeparatorKind]] = [
 ]
 NAMES = [name for name, _, _ in CATALOGUE]
 # Black and white scans (a document scanner's fax-like mode) of a few of them.
-BILEVEL = [NAMES.index(name) for name in ("PATCH-T sheet", "PATCH-T Code 39 only",
-           "Code 128 SPLIT-0002", "QR code SPLIT-12 (not the pattern)", "blank sheet",
-           "a few words")]  # fmt: skip
+BILEVEL = [
+    NAMES.index(name)
+    for name in (
+        "PATCH-T sheet",
+        "PATCH-T Code 39 only",
+        "Code 128 SPLIT-0002",
+        "QR code SPLIT-12 (not the pattern)",
+        "blank sheet",
+        "a few words",
+    )
+]
 
 
 @dataclass(frozen=True)
@@ -190,11 +198,15 @@ def test_a_mark_says_what_was_found(catalogue_pdf: list[Looked]) -> None:
     marks = {name: looked.mark for name, looked in zip(NAMES, catalogue_pdf, strict=True)}
     assert marks["PATCH-T sheet"].describe() == "PATCH-T sheet (its bars)"
     assert marks["PATCH-T Code 39 only"].fields() == {
-        "kind": "patch_t", "text": "PATCHT", "symbology": "Code 39"
-    }  # fmt: skip
+        "kind": "patch_t",
+        "text": "PATCHT",
+        "symbology": "Code 39",
+    }
     assert marks["QR code SPLIT-0001"].fields() == {
-        "kind": "barcode", "text": "SPLIT-0001", "symbology": "QR Code"
-    }  # fmt: skip
+        "kind": "barcode",
+        "text": "SPLIT-0001",
+        "symbology": "QR Code",
+    }
     assert marks["blank sheet"].describe() == "blank page" and marks["blank sheet"].blank
 
 
@@ -215,8 +227,14 @@ def test_a_real_multi_page_scan_has_no_separators(corpus: Path) -> None:
 
 def test_an_unrelated_barcode_does_not_split(catalogue_pdf: list[Looked], tmp_path: Path) -> None:
     barcode_only = SeparatorRules.of(["barcode"], SPLIT_BARCODE)
-    pages = [NAMES.index(name) for name in ("Code 128 ORDER-5531", "invoice with a barcode",
-                                             "QR code SPLIT-12 (not the pattern)")]  # fmt: skip
+    pages = [
+        NAMES.index(name)
+        for name in (
+            "Code 128 ORDER-5531",
+            "invoice with a barcode",
+            "QR code SPLIT-12 (not the pattern)",
+        )
+    ]
     for index in pages:
         looked = catalogue_pdf[index]
         assert detect_separator(looked.page.image, barcode_only, looked.page.blank).kind is (
@@ -244,14 +262,18 @@ def test_a_separator_kind_not_in_split_on_does_not_split(catalogue_pdf: list[Loo
 def test_a_nearly_blank_page_with_a_few_words_does_not_split_as_blank(tmp_path: Path) -> None:
     sheets = [Sheet("nearly_blank"), Sheet("nearly_blank", "- 17 -"), Sheet("blank")]
     pdf = stack_pdf(sheets, tmp_path / "pages.pdf")
-    scans = [save_scan(scan_sheet(s, 200, seed=i), tmp_path / f"{i}.png", 200)
-             for i, s in enumerate(sheets)]  # fmt: skip
+    scans = [
+        save_scan(scan_sheet(s, 200, seed=i), tmp_path / f"{i}.png", 200)
+        for i, s in enumerate(sheets)
+    ]
     rules = SeparatorRules.of(["blank"])
     for paths in ([pdf], scans):
         marks = [looked.mark for looked in looked_at(paths, rules)]
         assert [mark.kind for mark in marks] == [
-            SeparatorKind.none, SeparatorKind.none, SeparatorKind.blank
-        ]  # fmt: skip
+            SeparatorKind.none,
+            SeparatorKind.none,
+            SeparatorKind.blank,
+        ]
 
 
 def test_small_barcodes_are_read_at_barcode_resolution_from_a_pdf(tmp_path: Path) -> None:
@@ -263,8 +285,9 @@ def test_small_barcodes_are_read_at_barcode_resolution_from_a_pdf(tmp_path: Path
     doc.save(tmp_path / "small.pdf")
     marks = [looked.mark for looked in looked_at([tmp_path / "small.pdf"])]
     assert [(mark.kind, mark.text) for mark in marks] == [
-        (SeparatorKind.barcode, "SPLIT-0009"), (SeparatorKind.barcode, "SPLIT-0010")
-    ]  # fmt: skip
+        (SeparatorKind.barcode, "SPLIT-0009"),
+        (SeparatorKind.barcode, "SPLIT-0010"),
+    ]
 
 
 # --- rules ----------------------------------------------------------------------------------
@@ -298,10 +321,18 @@ def test_split_barcode_without_barcode_in_split_on_is_an_error() -> None:
 def test_splitting_on_blank_pages_while_collating_is_an_error() -> None:
     assert "'blank' cannot be used with collate: true" in invalid(split_on=["blank"], collate=True)
     config = parse_config(
-        {"inboxes": [{"path": "in", "split_on": ["patch_t", "barcode"], "split_barcode": "SPLIT",
-                      "collate": True}]},
+        {
+            "inboxes": [
+                {
+                    "path": "in",
+                    "split_on": ["patch_t", "barcode"],
+                    "split_barcode": "SPLIT",
+                    "collate": True,
+                }
+            ]
+        },
         Path("/srv"),
-    )  # fmt: skip
+    )
     assert config.inboxes[0].split_on == ("patch_t", "barcode")
 
 
@@ -367,8 +398,9 @@ def test_only_the_kinds_split_on_cut() -> None:
     split = split_pages([P, S, P, B, P], ["blank"])
     assert split.parts == ((1, 2, 3), (5,))
     assert split.fields() == {
-        "parts": [[1, 2, 3], [5]], "separators": [{"page": 4, "kind": "blank"}]
-    }  # fmt: skip
+        "parts": [[1, 2, 3], [5]],
+        "separators": [{"page": 4, "kind": "blank"}],
+    }
 
 
 def test_a_separator_sheets_blank_back_is_dropped_with_it_in_duplex() -> None:
@@ -437,10 +469,15 @@ def test_a_scan_job_folder_with_separator_sheets_splits_into_its_documents(
 
 def test_a_stack_split_on_blank_sheets_keeps_nearly_blank_pages(tmp_path: Path) -> None:
     sheets = [
-        Sheet("scan", "phototest.tif"), Sheet("nearly_blank"), Sheet("blank"),
-        Sheet("pdf", "ocrmypdf__linn.pdf"), Sheet("blank"), Sheet("blank"),
-        Sheet("scan", "eurotext.tif"), Sheet("blank"),
-    ]  # fmt: skip
+        Sheet("scan", "phototest.tif"),
+        Sheet("nearly_blank"),
+        Sheet("blank"),
+        Sheet("pdf", "ocrmypdf__linn.pdf"),
+        Sheet("blank"),
+        Sheet("blank"),
+        Sheet("scan", "eurotext.tif"),
+        Sheet("blank"),
+    ]
     rules = SeparatorRules.of(["blank"])
     for paths in (
         [stack_pdf(sheets, tmp_path / "batch.pdf")],

@@ -145,8 +145,11 @@ def test_files_ocrd_may_not_move_wait_listed_with_the_fix_and_go_once_fixed(
     assert httpx.get(f"{url}/api/status").json()["attention"] == []
     assert daemon.stop() == 0
     assert sorted(p.name for p in (data / "done").rglob("*.pdf")) == [
-        "bobs-scan.pdf", "fine.pdf", "minutes.pdf", "private.pdf",
-    ]  # fmt: skip
+        "bobs-scan.pdf",
+        "fine.pdf",
+        "minutes.pdf",
+        "private.pdf",
+    ]
 
 
 @pytest.mark.users
@@ -166,10 +169,14 @@ def test_links_are_never_followed_into_what_only_ocrd_may_read(
     (inbox / "secret.pdf").symlink_to(private / "secret.pdf")
     config = write_config(
         shared_root,
-        {"polling": True, "poll_interval_seconds": 0.5, "job_folders": ["job-*"],
-         "pdf_text": "prefer"},
+        {
+            "polling": True,
+            "poll_interval_seconds": 0.5,
+            "job_folders": ["job-*"],
+            "pdf_text": "prefer",
+        },
         pipeline={"rescan_interval_seconds": RESCAN_SECONDS},
-    )  # fmt: skip
+    )
     daemon = start_daemon(config, runtime=runtime, user=SERVICE)
     [summary] = daemon.wait_for("document.finished", path="job-1", timeout=60)
     let_rescans_pass(3)
@@ -258,8 +265,9 @@ def test_a_file_swapped_for_a_link_is_never_claimed_in_its_place(tmp_path: Path)
             outcomes["claimed"] += 1
             assert claim.path.is_file() and not claim.path.is_symlink()
             assert (claim.path.stat().st_dev, claim.path.stat().st_ino) == (
-                identity.device, identity.inode,
-            )  # fmt: skip
+                identity.device,
+                identity.inode,
+            )
     assert secret.is_file() and not any(p.is_symlink() for p in work.rglob("*"))
     assert outcomes["claimed"] > 0 and outcomes["changed"] > 0, outcomes
 
@@ -274,9 +282,14 @@ def test_same_named_documents_settling_at_once_keep_their_own_outputs(
     for side in ("a", "b"):
         mkdir_all(tmp_path / "data" / side / "inbox")
         inboxes.append(
-            {"path": f"data/{side}/inbox", "work": f"data/{side}/work", "settle_seconds": 0.5,
-             "pdf_text": "prefer", **shared}
-        )  # fmt: skip
+            {
+                "path": f"data/{side}/inbox",
+                "work": f"data/{side}/work",
+                "settle_seconds": 0.5,
+                "pdf_text": "prefer",
+                **shared,
+            }
+        )
     config = write_config(tmp_path)
     settings = yaml.safe_load(config.read_text())
     settings["inboxes"] = inboxes
@@ -330,9 +343,12 @@ def test_another_users_file_moves_into_done_without_ever_replacing_one(
     )
     result = subprocess.run(
         [runtime.python, "-c", script, str(data / "inbox"), str(data / "done")],
-        capture_output=True, text=True, user=SERVICE, env=runtime.environment(),
+        capture_output=True,
+        text=True,
+        user=SERVICE,
+        env=runtime.environment(),
         cwd=shared_root,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "refused"
     assert (data / "done" / "a.pdf").stat().st_uid == uid("alice")

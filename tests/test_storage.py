@@ -117,7 +117,11 @@ def test_names_an_smb_share_refuses_get_safe_names_and_nothing_stalls(
         [report] = (share / "failed").glob("*.error.json")
         assert "not a PDF" in json.loads(report.read_text())["message"]
         problems, _ = check(
-            inputs, data / "inbox", share / "outbox", share / "done", share / "failed",
+            inputs,
+            data / "inbox",
+            share / "outbox",
+            share / "done",
+            share / "failed",
             data / "work",
-        )  # fmt: skip
+        )
         assert problems == [], "\n".join(problems)

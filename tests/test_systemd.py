@@ -191,8 +191,9 @@ def test_ocrd_reload_returns_once_the_daemon_reloaded_and_fails_on_a_refused_fil
     # Done when it returns: the daemon already serves the new inbox.
     report = httpx.get(f"{listening['url']}api/status", timeout=10).json()
     assert [i["path"] for i in report["inboxes"]] == [
-        str(tmp_path / "data" / "inbox"), str(tmp_path / "scans" / "inbox"),
-    ]  # fmt: skip
+        str(tmp_path / "data" / "inbox"),
+        str(tmp_path / "scans" / "inbox"),
+    ]
 
     config.write_text(config.read_text().replace("settle_seconds", "settle_secs", 1))
     refused = ocrd_reload(pid, runtime)
@@ -214,8 +215,11 @@ def test_ocrd_reload_outside_systemd_says_how_to_reload() -> None:
     environment = {k: v for k, v in os.environ.items() if k != "RUNTIME_DIRECTORY"}
     result = subprocess.run(
         [sys.executable, "-m", "ocrd", "reload", "--pid", str(os.getpid())],
-        capture_output=True, text=True, timeout=60, env=environment,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    )
     assert result.returncode == 2 and "kill -HUP" in result.stderr
 
 
@@ -223,8 +227,11 @@ def check_config_with_unit(config: Path, unit: str) -> subprocess.CompletedProce
     """`systemctl cat ocrd | ocrd check-config --config FILE --unit -`."""
     return subprocess.run(
         [sys.executable, "-m", "ocrd", "check-config", "--config", str(config), "--unit", "-"],
-        input=unit, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        input=unit,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_shipped_configuration_uses_only_folders_the_unit_may_write() -> None:

@@ -139,8 +139,14 @@ def guest(
 
 def state(guest: Guest) -> dict[str, str]:
     return guest.unit(
-        "ocrd", "ActiveState", "SubState", "Result", "MainPID", "NRestarts",
-        "ExecMainCode", "ExecMainStatus",
+        "ocrd",
+        "ActiveState",
+        "SubState",
+        "Result",
+        "MainPID",
+        "NRestarts",
+        "ExecMainCode",
+        "ExecMainStatus",
     )
 
 
@@ -165,9 +171,7 @@ def ocrd_events(guest: Guest, event: str) -> list[dict[str, Any]]:
 
 def wait_for_file(guest: Guest, guest_path: str, timeout: float = 60) -> Path:
     path = guest.path(guest_path)
-    wait_until(
-        path.exists, timeout, lambda: f"{guest_path}\n{guest.journal('ocrd')[-4000:]}"
-    )
+    wait_until(path.exists, timeout, lambda: f"{guest_path}\n{guest.journal('ocrd')[-4000:]}")
     return path
 
 
@@ -192,7 +196,12 @@ def test_a_file_another_user_drops_into_a_subfolder_they_made_is_converted(
     ensure_running(guest)
     guest.run("useradd", "--create-home", "--groups", "ocrd", "alice")
     guest.run(
-        "runuser", "-u", "alice", "--", "sh", "-c",
+        "runuser",
+        "-u",
+        "alice",
+        "--",
+        "sh",
+        "-c",
         f"umask 022 && mkdir /srv/ocrd/inbox/alice && "
         f"cp {GUEST_FILES}/letter.pdf /srv/ocrd/inbox/alice/letter.pdf",
     )
@@ -234,9 +243,7 @@ def test_systemctl_reload_returns_once_the_new_configuration_is_served(guest: Gu
     # (a work area beneath a group-writable folder is refused).
     guest.run("install", "-d", "-o", "ocrd", "-g", "ocrd", "-m", "0755", "/srv/ocrd/reports")
     guest.run("install", "-d", "-o", "ocrd", "-g", "ocrd", "-m", "2775", "/srv/ocrd/reports/inbox")
-    guest.path("/etc/ocrd/config.yaml").write_text(
-        guest_config("/srv/ocrd/reports/inbox")
-    )
+    guest.path("/etc/ocrd/config.yaml").write_text(guest_config("/srv/ocrd/reports/inbox"))
     assert ocrd_status(guest).returncode == 3  # the file lists an inbox not served yet
     reloads_before = guest.journal("ocrd").count("Reloaded ocrd.service")
 
@@ -288,7 +295,8 @@ def test_a_frozen_daemon_is_restarted_by_the_watchdog(guest: Guest) -> None:
         def restarted() -> bool:
             current = state(guest)
             return current["ActiveState"] == "active" and int(current["MainPID"]) not in (
-                0, frozen,
+                0,
+                frozen,
             )
 
         wait_until(restarted, 90, lambda: f"{state(guest)}\n{guest.journal('ocrd')[-3000:]}")

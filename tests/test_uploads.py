@@ -109,10 +109,23 @@ def tidied(inbox: Path) -> bool:
 
 def ocrd_convert(config: Path, out: Path, *files: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ocrd", "convert", *map(str, files), "--out", str(out),
-         "--config", str(config), "--log-format", "json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ocrd",
+            "convert",
+            *map(str, files),
+            "--out",
+            str(out),
+            "--config",
+            str(config),
+            "--log-format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -134,10 +147,20 @@ def test_an_uploaded_pdf_and_tiff_come_back_as_ocrd_convert_writes_them(
     assert accepted["size"] == pdf.stat().st_size and len(accepted["id"]) == 26
     assert sent.headers["Location"] == accepted["status_url"]
     curl = subprocess.run(
-        ["curl", "-sS", "--fail-with-body", "-H", f"Authorization: Bearer {TOKEN}",
-         "--data-binary", f"@{tiff}", f"{url}/api/documents?filename=phototest.tif"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            "curl",
+            "-sS",
+            "--fail-with-body",
+            "-H",
+            f"Authorization: Bearer {TOKEN}",
+            "--data-binary",
+            f"@{tiff}",
+            f"{url}/api/documents?filename=phototest.tif",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert curl.returncode == 0, curl.stdout + curl.stderr
     by_curl = json.loads(curl.stdout)
     assert by_curl["path"] == f"uploads/{by_curl['id']}/phototest.tif"
@@ -314,8 +337,11 @@ def test_an_upload_aborted_halfway_or_stalled_leaves_nothing_in_the_inbox(
 
     with socket.create_connection(("127.0.0.1", port)) as client:
         client.sendall(head + body[: len(body) // 2])
-        wait_until(lambda: any(".upload.part" in e for e in inbox_entries(inbox)), 60,
-                   "the upload's hidden part in the inbox")  # fmt: skip
+        wait_until(
+            lambda: any(".upload.part" in e for e in inbox_entries(inbox)),
+            60,
+            "the upload's hidden part in the inbox",
+        )
     daemon.wait_for("upload.aborted")  # the client went away halfway
     assert inbox_entries(inbox) == ["uploads"]
 
@@ -433,8 +459,10 @@ def test_outputs_are_served_only_from_the_documents_own_files_never_through_a_li
     accepted = upload(url, make_pdf(tmp_path / "scan.pdf", 1)).json()
     done = httpx.get(f"{accepted['status_url']}?wait=60", headers=AUTH, timeout=70).json()
     assert sorted(done["links"]["files"]) == [
-        "scan.assets/page1-figure1.png", "scan.layout.json", "scan.md",
-    ]  # fmt: skip
+        "scan.assets/page1-figure1.png",
+        "scan.layout.json",
+        "scan.md",
+    ]
     base = accepted["status_url"]
     layout = httpx.get(f"{base}/scan.layout.json", headers=AUTH)
     assert layout.status_code == 200 and layout.json()["pages"][0]["page"] == 1
@@ -451,9 +479,13 @@ def test_outputs_are_served_only_from_the_documents_own_files_never_through_a_li
     (folder / "scan.assets" / "page1-figure1.png").symlink_to(secret)
     (folder / "other.md").write_text("another file in the folder")
     for path in (
-        "scan.layout.json", "scan.assets/page1-figure1.png", "other.md", "..%2F..%2Fsecret.txt",
-        "%2E%2E/secret.txt", "scan.assets/..%2Fscan.md",
-    ):  # fmt: skip
+        "scan.layout.json",
+        "scan.assets/page1-figure1.png",
+        "other.md",
+        "..%2F..%2Fsecret.txt",
+        "%2E%2E/secret.txt",
+        "scan.assets/..%2Fscan.md",
+    ):
         answer = httpx.get(f"{base}/{path}", headers=AUTH)
         assert answer.status_code == 404, (path, answer.text)
         assert "not for the web" not in answer.text
@@ -498,9 +530,12 @@ def test_an_upload_into_a_full_disk_is_answered_503_and_leaves_nothing(
     with tmpfs(tmp_path / "data", "4m"):
         daemon, url = uploading_daemon(tmp_path, start_daemon)
         too_much = httpx.post(
-            f"{url}/api/documents", params={"filename": "huge.pdf"}, headers=AUTH,
-            content=os.urandom(6 * 1024 * 1024), timeout=60,
-        )  # fmt: skip
+            f"{url}/api/documents",
+            params={"filename": "huge.pdf"},
+            headers=AUTH,
+            content=os.urandom(6 * 1024 * 1024),
+            timeout=60,
+        )
         assert too_much.status_code == 503
         assert "No space left on device" in too_much.json()["error"]
         [failed] = daemon.wait_for("upload.failed")
@@ -522,9 +557,12 @@ def test_the_openapi_description_is_valid_and_names_every_route(
     description = httpx.get(f"{url}/api/openapi.json").json()
     validate(description)
     assert {
-        "/api/documents", "/api/documents/{id}", "/api/documents/{id}/markdown",
-        "/api/documents/{id}/{name}", "/api/documents/{id}/{folder}/{name}",
-    } <= set(description["paths"])  # fmt: skip
+        "/api/documents",
+        "/api/documents/{id}",
+        "/api/documents/{id}/markdown",
+        "/api/documents/{id}/{name}",
+        "/api/documents/{id}/{folder}/{name}",
+    } <= set(description["paths"])
     states = description["components"]["schemas"]["DocumentState"]["enum"]
     assert states == ["waiting", "converting", "done", "failed"]
     assert daemon.stop() == 0

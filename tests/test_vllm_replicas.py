@@ -114,8 +114,10 @@ def test_ocrd_run_with_two_vllm_replicas_converts_documents(
     wait_until(
         lambda: not [p.pid for p in replicas if _not_zombie(p.pid)],
         30,
-        lambda: "the replicas' processes gone: "
-        + ", ".join(_command(p) for p in replicas if _not_zombie(p.pid)),
+        lambda: (
+            "the replicas' processes gone: "
+            + ", ".join(_command(p) for p in replicas if _not_zombie(p.pid))
+        ),
     )
 
 

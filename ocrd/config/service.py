@@ -17,6 +17,7 @@ def available_cpus() -> int:
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
 
+
 class PipelineConfig(Strict):
     max_documents_in_flight: Annotated[int, Field(ge=1)] | Auto = "auto"
     max_pages_in_flight: Annotated[int, Field(ge=1)] | Auto = "auto"
@@ -113,4 +114,3 @@ class InstancesConfig(Strict):
     def renew_seconds(self) -> float:
         """How often a lease is renewed (and others' are looked at): nine times a lease."""
         return self.lease_seconds / 9
-

@@ -72,8 +72,14 @@ class ProgressDisplay:
     def finish(self, path: Path, outcome: str) -> None:
         progress, task = self._files[path]
         if self._bars is not None:
-            self._bars.update(task, completed=progress.done, total=progress.pages or 1,
-                              pages=_pages(progress), rate=outcome, left="")  # fmt: skip
+            self._bars.update(
+                task,
+                completed=progress.done,
+                total=progress.pages or 1,
+                pages=_pages(progress),
+                rate=outcome,
+                left="",
+            )
         else:
             self._line(path, progress, outcome)
 
@@ -84,8 +90,14 @@ class ProgressDisplay:
             if self._bars is not None:
                 if self._bars.tasks[task].finished:
                     continue
-                self._bars.update(task, completed=progress.done, total=progress.pages or None,
-                                  pages=_pages(progress), rate=rate, left=left)  # fmt: skip
+                self._bars.update(
+                    task,
+                    completed=progress.done,
+                    total=progress.pages or None,
+                    pages=_pages(progress),
+                    rate=rate,
+                    left=left,
+                )
             elif (
                 0 < progress.done < progress.pages
                 and now - self._last_line.get(path, 0.0) >= PLAIN_LINE_SECONDS

@@ -202,9 +202,11 @@ class Dispatcher:
             return None
         if self.stopping.is_set():  # the rename was under way as the stop came
             self.log.warning(
-                "document.interrupted", doc=claim.id, path=printable(claim.state.relative_path),
+                "document.interrupted",
+                doc=claim.id,
+                path=printable(claim.state.relative_path),
                 action="claimed as ocrd stopped; left in the work area for the next start",
-            )  # fmt: skip
+            )
             return None
         self.log.info(
             "document.claimed",

@@ -42,8 +42,9 @@ def of(error: BaseException) -> BaseException:
 def undetected(error: RenderError | OSError) -> DocumentFailed:
     """The input could not even be recognised as a PDF or an image."""
     if isinstance(error, RenderError):
-        return DocumentFailed(Stage.detect, str(error), error_type="UnsupportedInput",
-                              code=error.code)  # fmt: skip
+        return DocumentFailed(
+            Stage.detect, str(error), error_type="UnsupportedInput", code=error.code
+        )
     return DocumentFailed(
         Stage.detect, f"cannot read the file: {error.strerror}", code=RenderFailure.unreadable
     )
@@ -51,23 +52,26 @@ def undetected(error: RenderError | OSError) -> DocumentFailed:
 
 def task_unreadable(why: str) -> DocumentFailed:
     """A task of the docling-serve API whose options cannot be read back."""
-    return DocumentFailed(Stage.detect, f"not converted: {why}; send the file again",
-                          error_type="TaskRecordError")  # fmt: skip
+    return DocumentFailed(
+        Stage.detect, f"not converted: {why}; send the file again", error_type="TaskRecordError"
+    )
 
 
 def no_pages_in_range(first: int, last: int, count: int) -> DocumentFailed:
     """A task's page range that holds none of the document's pages."""
     return DocumentFailed(
-        Stage.detect, f"page_range {first}-{last} holds none of the document's {count} pages",
+        Stage.detect,
+        f"page_range {first}-{last} holds none of the document's {count} pages",
         error_type="PageRange",
     )
 
 
 def no_pages_in_folder() -> DocumentFailed:
     return DocumentFailed(
-        Stage.detect, "the folder holds no PDF, TIFF, PNG or JPEG file",
+        Stage.detect,
+        "the folder holds no PDF, TIFF, PNG or JPEG file",
         code=RenderFailure.no_pages,
-    )  # fmt: skip
+    )
 
 
 def only_separators(split: Split) -> DocumentFailed:

@@ -161,9 +161,17 @@ class Pipeline:
         inputs = [SourceFile(path, fmt, settings.render, sources.root) for path, fmt in files]
         try:
             done_pages, refs = await self._pages(
-                inputs, sources.kind, settings, figures, log, journal, done, progress, arrival,
+                inputs,
+                sources.kind,
+                settings,
+                figures,
+                log,
+                journal,
+                done,
+                progress,
+                arrival,
                 pages,
-            )  # fmt: skip
+            )
             split = split_document(done_pages, settings, sources.kind)
             result = DocumentResult(inputs[0].format, done_pages, time.monotonic() - started, split)
             if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
@@ -178,8 +186,6 @@ class Pipeline:
         if split is not None:
             log.info("document.split", **split.fields())
         return result
-
-
 
     async def _pages(
         self,
@@ -433,9 +439,14 @@ async def searchable_pdfs(
         target = scratch / f"part{index + 1}.pdf"
         target.unlink(missing_ok=True)  # left by an attempt that was killed
         request = WriteSearchablePdf(
-            files, order, tuple(part.pages), target, settings.pdf_archive, settings.passwords,
+            files,
+            order,
+            tuple(part.pages),
+            target,
+            settings.pdf_archive,
+            settings.passwords,
             inputs[0].root,
-        )  # fmt: skip
+        )
         seconds = renderers.limits.page_timeout_seconds + len(order) * (
             PDF_ARCHIVE_SECONDS_PER_PAGE if settings.pdf_archive else PDF_SECONDS_PER_PAGE
         )
@@ -446,8 +457,9 @@ async def searchable_pdfs(
 
 def nothing_read(result: DocumentResult) -> bool:
     """Whether pages with content gave no text, and no page gave any."""
-    read = (page for page in result.pages
-            if page.source in (PageSource.engine, PageSource.text_layer))  # fmt: skip
+    read = (
+        page for page in result.pages if page.source in (PageSource.engine, PageSource.text_layer)
+    )
     return bool(result.pages_without_text) and all(yields_nothing(page) for page in read)
 
 
@@ -458,10 +470,12 @@ def split_document(
     DocumentFailed if it is nothing but separators."""
     if not settings.split_on:
         return None
-    marks = [page.separator or SeparatorMark(blank=page.source is PageSource.blank)
-             for page in pages]  # fmt: skip
-    split = split_pages(marks, [kind.value for kind in settings.split_on],
-                        kind is SourceKind.duplex)  # fmt: skip
+    marks = [
+        page.separator or SeparatorMark(blank=page.source is PageSource.blank) for page in pages
+    ]
+    split = split_pages(
+        marks, [kind.value for kind in settings.split_on], kind is SourceKind.duplex
+    )
     if not split.parts:
         raise failures.only_separators(split)
     return split

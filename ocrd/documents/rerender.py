@@ -58,7 +58,10 @@ async def rerender(
                 page = texts[number].result((await pool.render(source, number)).info)
                 if settings.figures:
                     await cut_figures(
-                        pool, PageRef(source, number), page, settings.figure_resolution,
+                        pool,
+                        PageRef(source, number),
+                        page,
+                        settings.figure_resolution,
                         Path(scratch),
                     )
                 pages.append(page)

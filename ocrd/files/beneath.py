@@ -130,8 +130,9 @@ def open_beneath(root: Path, parts: Sequence[str]) -> int:
         raise FileNotFoundError(errno.ENOENT, "not a plain name", leaf)
     with folder_beneath(root, folders) as parent:
         try:
-            fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=parent)  # fmt: skip
+            fd = os.open(
+                leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent
+            )
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise not_followed(leaf) from None
@@ -163,5 +164,3 @@ def visible_files(root: Path, parts: Sequence[str]) -> list[tuple[str, os.stat_r
         for name, info in entries_beneath(root, parts)
         if not name.startswith(".") and stat.S_ISREG(info.st_mode)
     ]
-
-

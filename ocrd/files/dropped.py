@@ -95,8 +95,9 @@ def open_folder_beneath(root: Path, folder: Path) -> int:
                 inner = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
             except OSError as error:
                 if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise NotRegularFile(error.errno, "a link on the way; not followed",
-                                         str(folder)) from None  # fmt: skip
+                    raise NotRegularFile(
+                        error.errno, "a link on the way; not followed", str(folder)
+                    ) from None
                 raise
             os.close(fd)
             fd = inner

@@ -27,13 +27,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-
 RENAME_NOREPLACE = 1  # linux/fs.h
 
 
 RENAME_NOREPLACE = 1  # linux/fs.h
 AT_FDCWD = -100
-
 
 
 @functools.cache
@@ -46,7 +44,6 @@ def _renameat2() -> Any:
     return function
 
 
-
 def identity(path: Path, folder: int | None = None) -> tuple[int, int] | None:
     """(device, inode) of what `path` (in the folder descriptor `folder`, if given) names,
     not following a link; None if nothing."""
@@ -57,14 +54,12 @@ def identity(path: Path, folder: int | None = None) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
-
 def _happened(before: tuple[int, int] | None, target: Path, folder: int | None = None) -> bool:
     """Whether `target` now names the file that was `before`: how a rename or link whose
     reply a network filesystem lost, and which its client sent again (answered "no such
     file" or "file exists" although it was done the first time), is told from one that
     did not happen."""
     return before is not None and identity(target, folder) == before
-
 
 
 def rename_checked(source: Path, target: Path, target_dir: int | None = None) -> None:
@@ -76,7 +71,6 @@ def rename_checked(source: Path, target: Path, target_dir: int | None = None) ->
     except FileNotFoundError:
         if not _happened(before, target, target_dir):
             raise
-
 
 
 def _rename_noreplace(source: Path, target: Path, target_dir: int = AT_FDCWD) -> bool:
@@ -93,7 +87,6 @@ def _rename_noreplace(source: Path, target: Path, target_dir: int = AT_FDCWD) ->
     if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), str(source), None, str(target))
-
 
 
 def rename_new(source: Path, target: Path, target_dir: int | None = None) -> None:
@@ -129,14 +122,12 @@ def rename_new(source: Path, target: Path, target_dir: int | None = None) -> Non
         os.unlink(source)
 
 
-
 def _exists_in(folder: int, name: Path) -> bool:
     try:
         os.stat(name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
         return False
     return True
-
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -161,7 +152,6 @@ def link_or_copy(source: Path, target: Path) -> None:
             rename_new(temporary, target)  # never through a link planted at the name
         finally:
             temporary.unlink(missing_ok=True)
-
 
 
 def _copy_folder_across(source: Path, target: Path) -> None:
@@ -192,7 +182,6 @@ def _copy_folder_across(source: Path, target: Path) -> None:
     fsync_dir(source.parent)
 
 
-
 def _fsync_tree(top: Path) -> None:
     for root, _, files in os.walk(top):
         for name in files:
@@ -203,15 +192,14 @@ def _fsync_tree(top: Path) -> None:
         fsync_dir(Path(root))
 
 
-
 def _not_data(folder: str, names: list[str]) -> set[str]:
     """The entries of `folder` that are neither files, folders nor links."""
     kept = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK)
     return {
-        name for name in names
+        name
+        for name in names
         if not any(kind(os.lstat(os.path.join(folder, name)).st_mode) for kind in kept)
-    }  # fmt: skip
-
+    }
 
 
 def move_new(source: Path, target: Path, sync_source: bool = True) -> None:

@@ -19,7 +19,6 @@ def numbered(desired: Path, number: int) -> Path:
     return desired.with_name(f"{stem}{tail}{suffix}")
 
 
-
 def _cut_bytes(encoded: bytes, limit: int) -> bytes:
     """At most `limit` bytes of a name, not ending inside a UTF-8 character."""
     cut = encoded[:limit]
@@ -35,16 +34,13 @@ def _cut_bytes(encoded: bytes, limit: int) -> bytes:
     return cut
 
 
-
 def candidate_names(desired: Path) -> Iterator[Path]:
     """`name.ext`, then `name-2.ext`, `name-3.ext`, ... for a name that is free."""
     for number in range(1, 1_000_000):
         yield numbered(desired, number)
 
 
-
 MAX_STEM_BYTES = 200  # leaves room under NAME_MAX (255) for any extension or companion
-
 
 
 def _split_name(name: str) -> tuple[str, str]:
@@ -53,7 +49,6 @@ def _split_name(name: str) -> tuple[str, str]:
             return name[: -len(compound)], compound
     stem, dot, suffix = name.rpartition(".")
     return (stem, dot + suffix) if stem else (name, "")
-
 
 
 def free_name(desired: Path, *companions: str) -> Path:
@@ -72,9 +67,7 @@ def free_name(desired: Path, *companions: str) -> Path:
     raise FileExistsError(f"no free name for {desired}")
 
 
-
 RESERVED_SUFFIX = ".ocrd-reserved"
-
 
 
 def reservation_of(target: Path) -> Path:

@@ -36,9 +36,16 @@ class OwnerRefused(PermissionError):
 # one that a folder (or a file) of another document already has on the way, or a link
 # someone put on the way in an outbox people may write (never followed: `beneath.py`).
 NAME_REFUSED = frozenset(
-    {errno.EINVAL, errno.ENAMETOOLONG, errno.EILSEQ, errno.EEXIST, errno.ENOTDIR, errno.EISDIR,
-     errno.ELOOP}
-)  # fmt: skip
+    {
+        errno.EINVAL,
+        errno.ENAMETOOLONG,
+        errno.EILSEQ,
+        errno.EEXIST,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ELOOP,
+    }
+)
 FILE_REFUSED = frozenset({errno.EFBIG})
 
 

@@ -18,12 +18,10 @@ from pathlib import Path
 _LEGACY_TEMPORARY = re.compile(r"^\.ocrd-\d+-[0-9a-f]{8}\.tmp$")  # an older ocrd's
 
 
-
 def writer() -> str:
     """Who writes this process's temporaries: its instance name (`OCRD_INSTANCE`, or the
     host name; see `ocrd/sharing/instances.py`), kept to safe characters."""
     return _safe_name(os.environ.get("OCRD_INSTANCE") or _host_name())
-
 
 
 @functools.cache
@@ -31,21 +29,17 @@ def _host_name() -> str:  # asked once: every temporary file is named with it
     return socket.gethostname()
 
 
-
 @functools.cache
 def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "ocrd"
-
 
 
 def temporary_path(folder: Path) -> Path:
     return folder / f".ocrd-{writer()}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
 
 
-
 def _temporaries_of(name: str) -> re.Pattern[str]:
     return re.compile(rf"^\.ocrd-{re.escape(name)}-\d+-[0-9a-f]{{8}}\.tmp$")
-
 
 
 def remove_stale_temporaries(root: Path, name: str) -> int:

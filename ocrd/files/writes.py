@@ -33,7 +33,6 @@ def _durable_temporary(
     return temporary
 
 
-
 def write_new_file(target: Path, data: bytes) -> None:
     """Write `target` durably: temporary file, fsync, then link into place.
 
@@ -48,13 +47,11 @@ def write_new_file(target: Path, data: bytes) -> None:
     fsync_dir(target.parent)
 
 
-
 def json_bytes(value: Any, indent: int | None = None) -> bytes:
     """JSON as UTF-8, readable letters kept; the bytes of a name that are not UTF-8 written
     as `\\udcNN` escapes (valid JSON that reads back to the same name)."""
     text = json.dumps(value, indent=indent, ensure_ascii=False)
     return text.encode("utf-8", "backslashreplace")
-
 
 
 def replace_file(

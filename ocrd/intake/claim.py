@@ -89,8 +89,7 @@ class Settlement:
 
     def names(self) -> list[Path]:
         """The names it plans for files (each reserved by the claim that planned it)."""
-        names = [*map(str, self.markdowns()), self.original, self.error_report,
-                 *self.companions]  # fmt: skip
+        names = [*map(str, self.markdowns()), self.original, self.error_report, *self.companions]
         return [Path(name) for name in names if name is not None]
 
     def reserve(self, owner: str, roots: Sequence[Path] = (), plan: Path | None = None) -> bool:

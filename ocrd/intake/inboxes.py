@@ -162,9 +162,7 @@ class Intake:
         """The inboxes served whose work area is `work` (one, or none after a reload)."""
         return [inbox for inbox in self.inboxes if inbox.config.work == work]
 
-    def _recovered(
-        self, inbox: Inbox, claims: list[Claim], event: str, **facts: str
-    ) -> list[Job]:
+    def _recovered(self, inbox: Inbox, claims: list[Claim], event: str, **facts: str) -> list[Job]:
         """Jobs of claims found in this daemon's folder (`event` says how they came);
         quarantined claims are listed, never processed."""
         jobs = []
@@ -202,9 +200,7 @@ class Intake:
         jobs: list[Job] = []
         for inbox in self.on_work(work):
             claims = await asyncio.to_thread(_swept_and_adopted, inbox, taken)
-            jobs += self._recovered(
-                inbox, claims, "document.taken_over", from_instance=taken.owner
-            )
+            jobs += self._recovered(inbox, claims, "document.taken_over", from_instance=taken.owner)
         return jobs
 
     # --- what became ready ---------------------------------------------------------------

@@ -13,9 +13,25 @@ from ocrd.config import InboxConfig
 
 # Filesystems whose files other machines write: inotify on this one sees none of that.
 NETWORK_FILESYSTEMS = frozenset(
-    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs",
-     "beegfs", "9p", "afs", "ocfs2", "gfs2", "davfs", "fuse"}
-)  # fmt: skip
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "9p",
+        "afs",
+        "ocfs2",
+        "gfs2",
+        "davfs",
+        "fuse",
+    }
+)
 
 
 def _unescape_mount_path(field: str) -> str:

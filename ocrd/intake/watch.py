@@ -248,8 +248,15 @@ class QuietTracker:
                 self._forget(path)
             elif not empty and now - candidate.stable_since >= self.inbox.settle_seconds:
                 self._forget(path)
-                ready.append(Ready(path, candidate.first_seen, folder=folder,
-                                   identity=outcome.identity, unreadable=outcome.unreadable))
+                ready.append(
+                    Ready(
+                        path,
+                        candidate.first_seen,
+                        folder=folder,
+                        identity=outcome.identity,
+                        unreadable=outcome.unreadable,
+                    )
+                )
             elif now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self._forget(path)
                 ready.append(Ready(path, candidate.first_seen, True, identity=outcome.identity))

@@ -49,17 +49,19 @@ def chunk_records(doc: DoclingDocument, filename: str) -> list[dict[str, Any]]:
             for item in chunk.meta.doc_items
             for caption in getattr(item, "captions", [])
         ]
-        records.append({
-            "filename": filename,
-            "chunk_index": index,
-            "text": chunker.contextualize(chunk),
-            "raw_text": chunk.text,
-            "headings": chunk.meta.headings,
-            "captions": captions or None,
-            "doc_items": [item.self_ref for item in chunk.meta.doc_items],
-            "page_numbers": sorted({box["page"] for box in boxes}) or None,
-            "boxes": boxes,
-        })  # fmt: skip
+        records.append(
+            {
+                "filename": filename,
+                "chunk_index": index,
+                "text": chunker.contextualize(chunk),
+                "raw_text": chunk.text,
+                "headings": chunk.meta.headings,
+                "captions": captions or None,
+                "doc_items": [item.self_ref for item in chunk.meta.doc_items],
+                "page_numbers": sorted({box["page"] for box in boxes}) or None,
+                "boxes": boxes,
+            }
+        )
     return records
 
 

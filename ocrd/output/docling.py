@@ -47,15 +47,21 @@ HEADING_LABELS = frozenset({"sub_title", "subtitle", "section_header", "heading"
 FORMULA_LABELS = frozenset({"equation", "formula", "isolate_formula", "interline_equation"})
 PICTURE_LABELS = frozenset({"image", "figure", "picture", "chart"})
 CAPTION_LABELS = {  # a caption label, and the kind of item it belongs to (None: either)
-    "image_caption": PictureItem, "figure_caption": PictureItem, "figure_title": PictureItem,
-    "table_caption": TableItem, "table_title": TableItem, "caption": None,
-}  # fmt: skip
+    "image_caption": PictureItem,
+    "figure_caption": PictureItem,
+    "figure_title": PictureItem,
+    "table_caption": TableItem,
+    "table_title": TableItem,
+    "caption": None,
+}
 FOOTNOTE_LABELS = frozenset({"table_footnote", "footnote", "image_footnote"})
 FURNITURE_LABELS = {
-    "header": DocItemLabel.PAGE_HEADER, "page_header": DocItemLabel.PAGE_HEADER,
-    "footer": DocItemLabel.PAGE_FOOTER, "page_footer": DocItemLabel.PAGE_FOOTER,
+    "header": DocItemLabel.PAGE_HEADER,
+    "page_header": DocItemLabel.PAGE_HEADER,
+    "footer": DocItemLabel.PAGE_FOOTER,
+    "page_footer": DocItemLabel.PAGE_FOOTER,
     "page_number": DocItemLabel.PAGE_FOOTER,
-}  # fmt: skip
+}
 CODE_LABELS = frozenset({"code", "code_block"})
 MATCH_SHARE = 0.6  # a piece of placed text belongs to an item holding this share of its words
 _WORD = re.compile(r"\w+")
@@ -93,9 +99,13 @@ class _PageBuilder:
         for box in boxes:
             left, top, right, bottom = box.scaled(width, height)
             bbox = BoundingBox(l=left, t=top, r=right, b=bottom, coord_origin=CoordOrigin.TOPLEFT)
-            found.append(ProvenanceItem(page_no=self.page.number,
-                                        bbox=bbox.to_bottom_left_origin(height),
-                                        charspan=(0, len(text))))  # fmt: skip
+            found.append(
+                ProvenanceItem(
+                    page_no=self.page.number,
+                    bbox=bbox.to_bottom_left_origin(height),
+                    charspan=(0, len(text)),
+                )
+            )
         return found
 
     def placed_boxes(self, text: str, pieces: Sequence[Placed]) -> tuple[Box, ...]:
@@ -104,15 +114,22 @@ class _PageBuilder:
         words = _words(text)
         if not words:
             return ()
-        inside = [p for p in pieces if p.words and len(p.words & words) >= MATCH_SHARE
-                  * len(p.words)]  # fmt: skip
+        inside = [
+            p for p in pieces if p.words and len(p.words & words) >= MATCH_SHARE * len(p.words)
+        ]
         if not inside:
             inside = [p for p in pieces if len(p.words & words) >= MATCH_SHARE * len(words)][:1]
         boxes = [box for piece in inside for box in piece.boxes]
         if not boxes:
             return ()
-        return (Box(min(b.x1 for b in boxes), min(b.y1 for b in boxes),
-                    max(b.x2 for b in boxes), max(b.y2 for b in boxes)),)  # fmt: skip
+        return (
+            Box(
+                min(b.x1 for b in boxes),
+                min(b.y1 for b in boxes),
+                max(b.x2 for b in boxes),
+                max(b.y2 for b in boxes),
+            ),
+        )
 
     # --- items -----------------------------------------------------------------------
 
@@ -196,8 +213,10 @@ class _PageBuilder:
         if not text:
             return
         target = self.last
-        if isinstance(target, PictureItem | TableItem) and not target.captions and (
-            kind is None or isinstance(target, kind)
+        if (
+            isinstance(target, PictureItem | TableItem)
+            and not target.captions
+            and (kind is None or isinstance(target, kind))
         ):
             self._attach(target, text, boxes)
             return

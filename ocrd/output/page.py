@@ -106,8 +106,11 @@ def yields_nothing(page: PageResult) -> bool:
 
 def without_text(page: PageResult, layer_refused: str | None) -> str:
     """Why a page with content gave no text, for the Markdown and the summary."""
-    why = "the engine read no text on it" if page.source is PageSource.engine else (
-        "it looks blank at the engine's resolution")  # fmt: skip
+    why = (
+        "the engine read no text on it"
+        if page.source is PageSource.engine
+        else ("it looks blank at the engine's resolution")
+    )
     return why + (f", and its text layer was not used ({layer_refused})" if layer_refused else "")
 
 
@@ -189,8 +192,14 @@ def text_from_record(record: dict[str, Any]) -> RawPage:
     mark = record.get("separator")
     separator = SeparatorMark.of_record(mark) if mark is not None else None
     no_text = record.get("no_text")
-    return RawPage(text, prompt, bool(record.get("retried", False)), source, separator,
-                   None if no_text is None else str(no_text))  # fmt: skip
+    return RawPage(
+        text,
+        prompt,
+        bool(record.get("retried", False)),
+        source,
+        separator,
+        None if no_text is None else str(no_text),
+    )
 
 
 def _figure_record(figure: Figure) -> dict[str, Any]:

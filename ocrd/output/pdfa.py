@@ -92,14 +92,26 @@ def ghostscript_pdfa(
             "(Debian: apt-get install ghostscript)"
         )
     command = [
-        GHOSTSCRIPT, "-q", "-dSAFER", "-dBATCH", "-dNOPAUSE", "-sDEVICE=pdfwrite",
-        "-dPDFA=2", "-dPDFACompatibilityPolicy=1", "-sColorConversionStrategy=RGB",
-        "-dPassThroughJPEGImages=true", "-dPassThroughJPXImages=false",
-        "-dAutoFilterColorImages=false", "-sColorImageFilter=FlateEncode",
-        "-dAutoFilterGrayImages=false", "-sGrayImageFilter=FlateEncode",
-        "-dDownsampleColorImages=false", "-dDownsampleGrayImages=false",
-        "-dDownsampleMonoImages=false", f"-sOutputFile={target}",
-    ]  # fmt: skip
+        GHOSTSCRIPT,
+        "-q",
+        "-dSAFER",
+        "-dBATCH",
+        "-dNOPAUSE",
+        "-sDEVICE=pdfwrite",
+        "-dPDFA=2",
+        "-dPDFACompatibilityPolicy=1",
+        "-sColorConversionStrategy=RGB",
+        "-dPassThroughJPEGImages=true",
+        "-dPassThroughJPXImages=false",
+        "-dAutoFilterColorImages=false",
+        "-sColorImageFilter=FlateEncode",
+        "-dAutoFilterGrayImages=false",
+        "-sGrayImageFilter=FlateEncode",
+        "-dDownsampleColorImages=false",
+        "-dDownsampleGrayImages=false",
+        "-dDownsampleMonoImages=false",
+        f"-sOutputFile={target}",
+    ]
     for password in passwords[:1]:
         command.append(f"-sPDFPassword={password}")
     command.append(str(source))

@@ -169,8 +169,9 @@ def add_font_resource(doc: Any, page_xref: int, font_xref: int) -> str:
     return name
 
 
-def add_layer(doc: Any, page: Any, lines: Sequence[PlacedLine], font_xref: int,
-              encoding: TextEncoding) -> None:  # fmt: skip
+def add_layer(
+    doc: Any, page: Any, lines: Sequence[PlacedLine], font_xref: int, encoding: TextEncoding
+) -> None:
     """Draw `lines` over the page: its own content is wrapped in q/Q (so whatever state it
     leaves cannot move the text) and kept as it is; the layer comes last, on top."""
     name = add_font_resource(doc, page.xref, font_xref)

@@ -355,8 +355,16 @@ def write_searchable_pdf(
         )
     layers = [page_lines(page) for page in pages]
     with _held(files, root) as held:
-        return _write(held, page_order, layers, len(pages), target, archive, passwords,
-                      archive_timeout_seconds)  # fmt: skip
+        return _write(
+            held,
+            page_order,
+            layers,
+            len(pages),
+            target,
+            archive,
+            passwords,
+            archive_timeout_seconds,
+        )
 
 
 def _write(

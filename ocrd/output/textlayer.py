@@ -89,27 +89,128 @@ def table_rows(table: str) -> list[str]:
 
 
 _SYMBOLS = {
-    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "varepsilon": "ε",
-    "zeta": "ζ", "eta": "η", "theta": "θ", "vartheta": "θ", "iota": "ι", "kappa": "κ",
-    "lambda": "λ", "mu": "μ", "nu": "ν", "xi": "ξ", "pi": "π", "rho": "ρ", "sigma": "σ",
-    "tau": "τ", "upsilon": "υ", "phi": "φ", "varphi": "φ", "chi": "χ", "psi": "ψ",
-    "omega": "ω", "Gamma": "Γ", "Delta": "Δ", "Theta": "Θ", "Lambda": "Λ", "Xi": "Ξ",
-    "Pi": "Π", "Sigma": "Σ", "Phi": "Φ", "Psi": "Ψ", "Omega": "Ω", "times": "×",
-    "cdot": "·", "div": "÷", "pm": "±", "mp": "∓", "leq": "≤", "le": "≤", "geq": "≥",
-    "ge": "≥", "neq": "≠", "ne": "≠", "approx": "≈", "equiv": "≡", "sim": "~", "infty": "∞",
-    "sum": "∑", "prod": "∏", "int": "∫", "oint": "∮", "partial": "∂", "nabla": "∇",
-    "rightarrow": "→", "to": "→", "leftarrow": "←", "Rightarrow": "⇒", "Leftrightarrow": "⇔",
-    "in": "∈", "notin": "∉", "subset": "⊂", "subseteq": "⊆", "cup": "∪", "cap": "∩",
-    "forall": "∀", "exists": "∃", "neg": "¬", "land": "∧", "lor": "∨", "degree": "°",
-    "circ": "∘", "ldots": "…", "cdots": "⋯", "dots": "…", "prime": "′", "star": "⋆",
-    "langle": "⟨", "rangle": "⟩", "propto": "∝", "perp": "⊥", "angle": "∠", "sqrt": "√",
-    "%": "%", "$": "$", "&": "&", "#": "#", "_": "_", "{": "{", "}": "}",
-}  # fmt: skip
+    "alpha": "α",
+    "beta": "β",
+    "gamma": "γ",
+    "delta": "δ",
+    "epsilon": "ε",
+    "varepsilon": "ε",
+    "zeta": "ζ",
+    "eta": "η",
+    "theta": "θ",
+    "vartheta": "θ",
+    "iota": "ι",
+    "kappa": "κ",
+    "lambda": "λ",
+    "mu": "μ",
+    "nu": "ν",
+    "xi": "ξ",
+    "pi": "π",
+    "rho": "ρ",
+    "sigma": "σ",
+    "tau": "τ",
+    "upsilon": "υ",
+    "phi": "φ",
+    "varphi": "φ",
+    "chi": "χ",
+    "psi": "ψ",
+    "omega": "ω",
+    "Gamma": "Γ",
+    "Delta": "Δ",
+    "Theta": "Θ",
+    "Lambda": "Λ",
+    "Xi": "Ξ",
+    "Pi": "Π",
+    "Sigma": "Σ",
+    "Phi": "Φ",
+    "Psi": "Ψ",
+    "Omega": "Ω",
+    "times": "×",
+    "cdot": "·",
+    "div": "÷",
+    "pm": "±",
+    "mp": "∓",
+    "leq": "≤",
+    "le": "≤",
+    "geq": "≥",
+    "ge": "≥",
+    "neq": "≠",
+    "ne": "≠",
+    "approx": "≈",
+    "equiv": "≡",
+    "sim": "~",
+    "infty": "∞",
+    "sum": "∑",
+    "prod": "∏",
+    "int": "∫",
+    "oint": "∮",
+    "partial": "∂",
+    "nabla": "∇",
+    "rightarrow": "→",
+    "to": "→",
+    "leftarrow": "←",
+    "Rightarrow": "⇒",
+    "Leftrightarrow": "⇔",
+    "in": "∈",
+    "notin": "∉",
+    "subset": "⊂",
+    "subseteq": "⊆",
+    "cup": "∪",
+    "cap": "∩",
+    "forall": "∀",
+    "exists": "∃",
+    "neg": "¬",
+    "land": "∧",
+    "lor": "∨",
+    "degree": "°",
+    "circ": "∘",
+    "ldots": "…",
+    "cdots": "⋯",
+    "dots": "…",
+    "prime": "′",
+    "star": "⋆",
+    "langle": "⟨",
+    "rangle": "⟩",
+    "propto": "∝",
+    "perp": "⊥",
+    "angle": "∠",
+    "sqrt": "√",
+    "%": "%",
+    "$": "$",
+    "&": "&",
+    "#": "#",
+    "_": "_",
+    "{": "{",
+    "}": "}",
+}
 _TEXT_COMMANDS = frozenset(
-    {"text", "textrm", "textbf", "textit", "mathrm", "mathbf", "mathit", "mathsf", "mathtt",
-     "mathcal", "mathbb", "mathfrak", "boldsymbol", "operatorname", "mbox", "hat", "bar",
-     "vec", "tilde", "dot", "overline", "underline", "widehat", "widetilde"}
-)  # fmt: skip
+    {
+        "text",
+        "textrm",
+        "textbf",
+        "textit",
+        "mathrm",
+        "mathbf",
+        "mathit",
+        "mathsf",
+        "mathtt",
+        "mathcal",
+        "mathbb",
+        "mathfrak",
+        "boldsymbol",
+        "operatorname",
+        "mbox",
+        "hat",
+        "bar",
+        "vec",
+        "tilde",
+        "dot",
+        "overline",
+        "underline",
+        "widehat",
+        "widetilde",
+    }
+)
 _SPACES = frozenset({",", ";", ":", "!", " ", "quad", "qquad", "enspace", "thinspace"})
 _ENVIRONMENT = re.compile(r"\\(?:begin|end)\s*\{[^{}]*\}(?:\s*\{[^{}]*\})?")
 _LATEX_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|.", re.DOTALL)  # a command, an escape, a character
@@ -326,8 +427,11 @@ def lay_out_block(
         return []
     if wrap:
         counts = row_counts([_width_units(line) for line in lines], width, height)
-        rows = [row for line, count in zip(lines, counts, strict=True)
-                for row in wrap_filled(line, count)]  # fmt: skip
+        rows = [
+            row
+            for line, count in zip(lines, counts, strict=True)
+            for row in wrap_filled(line, count)
+        ]
     else:
         rows = [Row(" ".join(line.split())) for line in lines]
     pitch = (bottom - top) / len(rows)
@@ -401,19 +505,27 @@ def _line_placements(blocks: Sequence[Block]) -> list[PlacedLine]:
     width; its height is the text's, centred in the box, so that the lines of a skewed scan
     (whose upright boxes overlap) do not run into each other."""
     lines = [
-        TextLine(block.boxes[0].x1, block.boxes[0].y1, block.boxes[0].x2, block.boxes[0].y2,
-                 " ".join(block.content.split()))
+        TextLine(
+            block.boxes[0].x1,
+            block.boxes[0].y1,
+            block.boxes[0].x2,
+            block.boxes[0].y2,
+            " ".join(block.content.split()),
+        )
         for block in blocks
         if block.boxes and block.content.strip()
-    ]  # fmt: skip
+    ]
     lines = [line for line in lines if line.x1 > line.x0 and line.y1 > line.y0]
     slope = skew_slope(lines)
     placed = []
     for line in reading_order(lines):
         height = max(line.height - slope * (line.x1 - line.x0), MIN_TEXT_SHARE * line.height)
         top = line.centre_y - height / 2
-        placed.append(PlacedLine(line.text, line.x0 / SCALE, top / SCALE, line.x1 / SCALE,
-                                 (top + height) / SCALE))  # fmt: skip
+        placed.append(
+            PlacedLine(
+                line.text, line.x0 / SCALE, top / SCALE, line.x1 / SCALE, (top + height) / SCALE
+            )
+        )
     return placed
 
 

@@ -197,8 +197,11 @@ def layout_document(result: DocumentResult, source: str, assets: str) -> dict[st
         "pages_without_text": result.pages_without_text,
     }
     if result.split is not None:  # where the document was cut, and which part this is
-        layout["split"] = {"part": (result.part or 0) + 1, "of": len(result.split.parts),
-                           **result.split.fields()}  # fmt: skip
+        layout["split"] = {
+            "part": (result.part or 0) + 1,
+            "of": len(result.split.parts),
+            **result.split.fields(),
+        }
     layout["pages"] = [_page_layout(page, assets) for page in result.pages]
     return layout
 
@@ -257,9 +260,11 @@ def write_parts(
     each part's at `<stem>-1.md`, `<stem>-2.md`, ... (`ocrd convert` and `ocrd rerender`;
     the daemon plans its names in `ocrd/output/settle.py`)."""
     parts = result.parts()
-    targets = [markdown] if len(parts) == 1 else [
-        part_markdown(markdown, k) for k in range(1, len(parts) + 1)
-    ]  # fmt: skip
+    targets = (
+        [markdown]
+        if len(parts) == 1
+        else [part_markdown(markdown, k) for k in range(1, len(parts) + 1)]
+    )
     for part, target in zip(parts, targets, strict=True):
         write_document(part, settings, target, source)
     return targets

@@ -77,9 +77,16 @@ class RasterSource:
         # A barcode is read from the scan's own pixels, before they were scaled down.
         mark = detect_on_scan(original, dpi, separators, blank) if separators else None
         return RenderedPage(
-            frame.width, frame.height, size, payload, width * 72.0 / dpi, height * 72.0 / dpi,
-            blank, mark, layout=layout,
-        )  # fmt: skip
+            frame.width,
+            frame.height,
+            size,
+            payload,
+            width * 72.0 / dpi,
+            height * 72.0 / dpi,
+            blank,
+            mark,
+            layout=layout,
+        )
 
     def figures(
         self, number: int, boxes: Sequence[Region], dpi: float, folder: Path, names: Sequence[str]

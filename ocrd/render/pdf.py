@@ -100,9 +100,16 @@ class PdfSource:
         size, payload = hand_over(image, buffer, layout)
         mark = detect_on_pdf_page(page, separators, blank) if separators else None
         return RenderedPage(
-            image.width, image.height, size, payload, rect.width, rect.height, blank, mark,
+            image.width,
+            image.height,
+            size,
+            payload,
+            rect.width,
+            rect.height,
+            blank,
+            mark,
             layout=layout,
-        )  # fmt: skip
+        )
 
     def text_layer(self, number: int, running_lines: bool = True) -> TextLayer:
         """The page's own text as Markdown, if it is good enough to stand in for OCR;
@@ -120,15 +127,31 @@ class PdfSource:
         import pymupdf4llm
 
         markdown = pymupdf4llm.to_markdown(
-            self.doc, pages=[number - 1], use_ocr=False, show_progress=False,
-            header=running_lines, footer=running_lines,
-        )  # fmt: skip
+            self.doc,
+            pages=[number - 1],
+            use_ocr=False,
+            show_progress=False,
+            header=running_lines,
+            footer=running_lines,
+        )
         blocks = tuple(
-            Block("text", (Box.from_pixels(x0 - rect.x0, y0 - rect.y0, x1 - rect.x0,
-                                           y1 - rect.y0, rect.width, rect.height),), text.strip())
+            Block(
+                "text",
+                (
+                    Box.from_pixels(
+                        x0 - rect.x0,
+                        y0 - rect.y0,
+                        x1 - rect.x0,
+                        y1 - rect.y0,
+                        rect.width,
+                        rect.height,
+                    ),
+                ),
+                text.strip(),
+            )
             for x0, y0, x1, y1, text, _, kind in page.get_text("blocks")
             if kind == 0 and text.strip()
-        )  # fmt: skip
+        )
         # A layout model may take a page's only line for a running header and leave it out:
         # the page's own text is never lost to that.
         text = markdown.strip() or "\n\n".join(block.content for block in blocks)

@@ -158,9 +158,7 @@ class RenderWorker:
                 image = Image.frombytes("RGB", size, pixels, "raw", page.layout)
         else:
             image = Image.frombytes("RGB", size, page.payload, "raw", page.layout)
-        return PageImage(
-            number, image, page.width_pt, page.height_pt, page.blank, page.separator
-        )
+        return PageImage(number, image, page.width_pt, page.height_pt, page.blank, page.separator)
 
     # On the event loop:
 
@@ -241,8 +239,11 @@ class RenderWorker:
         straight to `_call`, no thread involved. Should the child die meanwhile, `_call`
         starts another within the request's own time limit."""
         process = self._process
-        return process is not None and self._sock is not None and not self._killed and (
-            process.is_alive()
+        return (
+            process is not None
+            and self._sock is not None
+            and not self._killed
+            and (process.is_alive())
         )
 
     async def open_source(self, key: SourceKey) -> int:

@@ -147,8 +147,9 @@ def needs_looking(rules: SeparatorRules, blank: bool | None) -> bool:
 
 def judged_by_blankness(rules: SeparatorRules, blank: bool) -> SeparatorMark:
     """The mark of a page whose blankness decides it (blank, or no barcodes wanted)."""
-    return SeparatorMark(SeparatorKind.blank if blank and rules.blank else SeparatorKind.none,
-                         blank=blank)  # fmt: skip
+    return SeparatorMark(
+        SeparatorKind.blank if blank and rules.blank else SeparatorKind.none, blank=blank
+    )
 
 
 def read_barcodes(image: Image.Image, symbologies: Sequence[Any] = ()) -> list[tuple[str, str]]:

@@ -84,9 +84,7 @@ class _Worker:
                     return TextLayerRead(TextLayer(False, "an image has no text layer"))
                 return TextLayerRead(source.text_layer(page, running_lines))
             case CutFigures(source=key, page=page, boxes=boxes, dpi=dpi, folder=folder):
-                return FiguresCut(
-                    self.source(key).figures(page, boxes, dpi, folder, request.names)
-                )
+                return FiguresCut(self.source(key).figures(page, boxes, dpi, folder, request.names))
             case WriteSearchablePdf():
                 return PdfWritten(self.searchable_pdf(request))
         raise TypeError(f"not a render request: {request!r}")
@@ -116,9 +114,14 @@ class _Worker:
     def searchable_pdf(request: WriteSearchablePdf) -> SearchablePdfResult:
         try:
             return write_searchable_pdf(
-                request.files, request.order, request.pages, request.target,
-                archive=request.archive, passwords=request.passwords, root=request.root,
-            )  # fmt: skip
+                request.files,
+                request.order,
+                request.pages,
+                request.target,
+                archive=request.archive,
+                passwords=request.passwords,
+                root=request.root,
+            )
         except SearchablePdfError as error:
             findings = "; ".join(error.findings[:MAX_FINDINGS_SHOWN])
             detail = f" (PDF/A findings: {findings})" if findings else ""

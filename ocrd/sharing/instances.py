@@ -297,9 +297,13 @@ class Instances:
             area.failing_since = None
         try:
             result = await asyncio.to_thread(
-                area.folder.look, now, self.config.lease_seconds, take_over, area.first_seen,
+                area.folder.look,
+                now,
+                self.config.lease_seconds,
+                take_over,
+                area.first_seen,
                 area.giving_back,
-            )  # fmt: skip
+            )
         except OSError as error:
             self.log.warning("instance.look_failed", work=str(area.work), error=str(error))
             return

@@ -104,9 +104,14 @@ class Holder:
     def here(cls, instance: str, lease_seconds: float) -> Holder:
         pid = os.getpid()
         return cls(
-            instance, socket.gethostname(), _boot_id(), pid, _process_start(pid),
-            secrets.token_hex(4), lease_seconds,
-        )  # fmt: skip
+            instance,
+            socket.gethostname(),
+            _boot_id(),
+            pid,
+            _process_start(pid),
+            secrets.token_hex(4),
+            lease_seconds,
+        )
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode() + b"\n"

@@ -86,8 +86,9 @@ class _Reader:
             line = self.lines[self.at]
             self.at += 1
             taken.append(line)
-            ended = done.search(line) if isinstance(done, re.Pattern) else \
-                line.rstrip().endswith(done)  # fmt: skip
+            ended = (
+                done.search(line) if isinstance(done, re.Pattern) else line.rstrip().endswith(done)
+            )
             if ended and (len(taken) > 1 or include):
                 break
         return taken
@@ -115,8 +116,9 @@ class _Reader:
                 self._table("\n".join(body))
             elif heading := _HEADING.match(stripped):
                 self.at += 1
-                self.found.append(Element(Kind.heading, plain(heading.group(2)),
-                                          len(heading.group(1))))  # fmt: skip
+                self.found.append(
+                    Element(Kind.heading, plain(heading.group(2)), len(heading.group(1)))
+                )
             elif item := _LIST_ITEM.match(line):
                 self.at += 1
                 depth = len(item.group(1).expandtabs(4)) // 2

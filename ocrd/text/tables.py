@@ -70,8 +70,9 @@ class _HtmlTable(HTMLParser):
             if not self.rows:
                 self.rows.append([])
             named = dict(attrs)
-            self._cell = _RawCell([], _span(named.get("rowspan")), _span(named.get("colspan")),
-                                  tag == "th")  # fmt: skip
+            self._cell = _RawCell(
+                [], _span(named.get("rowspan")), _span(named.get("colspan")), tag == "th"
+            )
             self.rows[-1].append(self._cell)
         elif tag == "br" and self._cell is not None:
             self._cell.text.append(" ")
@@ -117,18 +118,20 @@ def html_grid(table: str) -> Grid:
     grid = _laid_out(rows)
     if rows and not any(cell.header for cell in grid.cells):  # the model's first row heads it
         grid = Grid(
-            tuple(Cell(c.text, c.row, c.column, c.row_span, c.column_span, c.row == 0)
-                  for c in grid.cells),
+            tuple(
+                Cell(c.text, c.row, c.column, c.row_span, c.column_span, c.row == 0)
+                for c in grid.cells
+            ),
             grid.rows,
             grid.columns,
-        )  # fmt: skip
+        )
     return grid
 
 
 def is_pipe_table(lines: list[str]) -> bool:
     """Whether the lines are a Markdown pipe table: a header row, a rule, rows."""
-    return len(lines) >= 2 and lines[0].lstrip().startswith("|") and bool(
-        _PIPE_RULE.match(lines[1])
+    return (
+        len(lines) >= 2 and lines[0].lstrip().startswith("|") and bool(_PIPE_RULE.match(lines[1]))
     )
 
 

@@ -125,8 +125,9 @@ def private_entries(folder: int) -> None:
     inbox's rights)."""
     for name in os.listdir(folder):
         with contextlib.suppress(OSError):
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=folder)  # fmt: skip
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+            )
             try:
                 info = os.fstat(fd)
                 if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
@@ -139,8 +140,9 @@ def read_record(folder: int) -> dict[str, Any] | None:
     """The record in an upload's folder (never through a link, only ocrd's own); None
     where there is none (an upload an older ocrd received)."""
     try:
-        fd = os.open(RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=folder)  # fmt: skip
+        fd = os.open(
+            RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+        )
     except FileNotFoundError:
         return None
     try:

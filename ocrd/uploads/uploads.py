@@ -212,4 +212,3 @@ class Uploads:
             action="uploads into this inbox are answered 503 until an operator removes what "
             f"lies at {inbox.path / UPLOADS_FOLDER}",
         )
-

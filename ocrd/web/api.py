@@ -169,8 +169,9 @@ class DocumentsApi:
         links = DocumentLinks(status=document_url(request, found.id))
         if found.state is DocumentState.done and found.outputs is not None:
             links.markdown = document_url(request, found.id, "markdown")
-            links.files = {printable(name): document_url(request, found.id, name)
-                           for name in found.files}  # fmt: skip
+            links.files = {
+                printable(name): document_url(request, found.id, name) for name in found.files
+            }
             if found.outputs.split:
                 links.parts = [
                     self._part_links(request, found.id, markdown, names)
@@ -232,8 +233,11 @@ class DocumentsApi:
         outputs = await self._done_outputs(request)
         if isinstance(outputs, web.Response):
             return outputs
-        parts = tuple(p for p in (request.match_info.get("folder"), request.match_info["name"])
-                      if p is not None)  # fmt: skip
+        parts = tuple(
+            p
+            for p in (request.match_info.get("folder"), request.match_info["name"])
+            if p is not None
+        )
         return await self._serve(request, outputs, parts)
 
     async def _done_outputs(self, request: web.Request) -> Outputs | web.Response:

@@ -14,8 +14,14 @@ from aiohttp import web
 
 from ocrd import __version__
 
-STATIC = ("swagger-ui.css", "index.css", "swagger-ui-bundle.js",
-          "swagger-ui-standalone-preset.js", "favicon-32x32.png", "favicon-16x16.png")  # fmt: skip
+STATIC = (
+    "swagger-ui.css",
+    "index.css",
+    "swagger-ui-bundle.js",
+    "swagger-ui-standalone-preset.js",
+    "favicon-32x32.png",
+    "favicon-16x16.png",
+)
 PAGE = """<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -67,8 +73,9 @@ async def static(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound()
     path = _bundle() / name
     content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    return web.FileResponse(path, headers={"Content-Type": content_type,
-                                           "Cache-Control": "max-age=86400"})  # fmt: skip
+    return web.FileResponse(
+        path, headers={"Content-Type": content_type, "Cache-Control": "max-age=86400"}
+    )
 
 
 def add_routes(router: web.UrlDispatcher, description: dict[str, Any]) -> None:
@@ -109,86 +116,163 @@ ERRORS = {
     504: "not converted within http.docling.max_sync_wait_seconds; the task goes on",
 }
 OPTIONS = {
-    "to_formats": {"type": "array", "items": {"enum": ["md", "json", "text"]},
-                   "default": ["md"]},
-    "image_export_mode": {"enum": ["placeholder", "embedded", "referenced"],
-                          "default": "placeholder"},
-    "page_range": {"type": "array", "items": {"type": "integer", "minimum": 1},
-                   "minItems": 2, "maxItems": 2},
-    "do_ocr": {"type": "boolean", "default": True,
-               "description": "false: a page's text layer wherever it is good (pdf_text: prefer)"},
-    "force_ocr": {"type": "boolean", "default": False,
-                  "description": "true: every page from its pixels (pdf_text: ocr)"},
+    "to_formats": {"type": "array", "items": {"enum": ["md", "json", "text"]}, "default": ["md"]},
+    "image_export_mode": {
+        "enum": ["placeholder", "embedded", "referenced"],
+        "default": "placeholder",
+    },
+    "page_range": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 1},
+        "minItems": 2,
+        "maxItems": 2,
+    },
+    "do_ocr": {
+        "type": "boolean",
+        "default": True,
+        "description": "false: a page's text layer wherever it is good (pdf_text: prefer)",
+    },
+    "force_ocr": {
+        "type": "boolean",
+        "default": False,
+        "description": "true: every page from its pixels (pdf_text: ocr)",
+    },
     "include_images": {"type": "boolean", "default": True},
     "md_page_break_placeholder": {"type": "string"},
     "from_formats": {"type": "array", "items": {"type": "string"}},
     "abort_on_error": {"type": "boolean", "default": False},
     "md_compact_tables": {"type": "boolean", "default": False},
-}  # fmt: skip
+}
 SCHEMAS: dict[str, Any] = {
     "Detail": {"type": "object", "properties": {"detail": {"type": "string"}}},
-    "Options": {"type": "object", "properties": OPTIONS,
-                "description": "other docling-serve options only with their default value"},
-    "TaskStatus": {"type": "object", "required": ["task_id", "task_status"], "properties": {
-        "task_id": {"type": "string"}, "task_type": {"const": "convert"},
-        "task_status": {"enum": ["pending", "started", "success", "partial_success", "failure"]},
-        "task_position": {"type": ["integer", "null"]},
-        "task_meta": {"type": "object"}, "error_message": {"type": ["string", "null"]}}},
-    "ConvertResult": {"type": "object", "properties": {
-        "document": {"type": "object", "properties": {
-            "filename": {"type": "string"}, "md_content": {"type": "string"},
-            "json_content": {"type": "object", "description": "a DoclingDocument"},
-            "text_content": {"type": "string"}}},
-        "status": {"enum": ["success", "partial_success", "failure"]},
-        "errors": {"type": "array", "items": {"type": "object"}},
-        "processing_time": {"type": "number"}, "timings": {"type": "object"}}},
-    "SourceRequest": {"type": "object", "required": ["sources"], "properties": {
-        "options": {"$ref": REF.format("Options")},
-        "sources": {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "object"},
-                    "description": "{kind: file, base64_string, filename} or {kind: http, url}"},
-        "target": {"type": "object", "properties": {"kind": {"const": "inbody"}}}}},
-}  # fmt: skip
-FILE_BODY = {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["files"],
-    "properties": {"files": {"type": "string", "contentMediaType": "application/octet-stream"},
-                   "target_type": {"const": "inbody"}, **OPTIONS}}}}  # fmt: skip
+    "Options": {
+        "type": "object",
+        "properties": OPTIONS,
+        "description": "other docling-serve options only with their default value",
+    },
+    "TaskStatus": {
+        "type": "object",
+        "required": ["task_id", "task_status"],
+        "properties": {
+            "task_id": {"type": "string"},
+            "task_type": {"const": "convert"},
+            "task_status": {
+                "enum": ["pending", "started", "success", "partial_success", "failure"]
+            },
+            "task_position": {"type": ["integer", "null"]},
+            "task_meta": {"type": "object"},
+            "error_message": {"type": ["string", "null"]},
+        },
+    },
+    "ConvertResult": {
+        "type": "object",
+        "properties": {
+            "document": {
+                "type": "object",
+                "properties": {
+                    "filename": {"type": "string"},
+                    "md_content": {"type": "string"},
+                    "json_content": {"type": "object", "description": "a DoclingDocument"},
+                    "text_content": {"type": "string"},
+                },
+            },
+            "status": {"enum": ["success", "partial_success", "failure"]},
+            "errors": {"type": "array", "items": {"type": "object"}},
+            "processing_time": {"type": "number"},
+            "timings": {"type": "object"},
+        },
+    },
+    "SourceRequest": {
+        "type": "object",
+        "required": ["sources"],
+        "properties": {
+            "options": {"$ref": REF.format("Options")},
+            "sources": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 1,
+                "items": {"type": "object"},
+                "description": "{kind: file, base64_string, filename} or {kind: http, url}",
+            },
+            "target": {"type": "object", "properties": {"kind": {"const": "inbody"}}},
+        },
+    },
+}
+FILE_BODY = {
+    "multipart/form-data": {
+        "schema": {
+            "type": "object",
+            "required": ["files"],
+            "properties": {
+                "files": {"type": "string", "contentMediaType": "application/octet-stream"},
+                "target_type": {"const": "inbody"},
+                **OPTIONS,
+            },
+        }
+    }
+}
 SOURCE_BODY = {"application/json": {"schema": {"$ref": REF.format("SourceRequest")}}}
 TASK_ID = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}
-WAIT = {"name": "wait", "in": "query", "required": False,
-        "schema": {"type": "number", "minimum": 0, "maximum": 300, "default": 0}}  # fmt: skip
+WAIT = {
+    "name": "wait",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "number", "minimum": 0, "maximum": 300, "default": 0},
+}
 SECURITY: list[dict[str, list[str]]] = [{"apiKey": []}, {"bearer": []}]
 
 
 def _convert(summary: str, body: dict[str, Any], asynchronous: bool) -> dict[str, Any]:
     errors = (400, 401, 403, 408, 413, 422, 503) + (() if asynchronous else (504,))
     ok = "TaskStatus" if asynchronous else "ConvertResult"
-    return {"post": {"summary": summary, "security": SECURITY,
-                     "requestBody": {"required": True, "content": body},
-                     "responses": _answers(ok, *errors)}}  # fmt: skip
+    return {
+        "post": {
+            "summary": summary,
+            "security": SECURITY,
+            "requestBody": {"required": True, "content": body},
+            "responses": _answers(ok, *errors),
+        }
+    }
 
 
 def describe() -> dict[str, Any]:
     """The OpenAPI 3.1 description of docling-serve's routes as ocrd serves them."""
     return {
         "openapi": "3.1.0",
-        "info": {"title": "ocrd: docling-serve's conversion API", "version": __version__,
-                 "description": "docling-serve 1.31.0's v1 routes, answered by ocrd (README, "
-                 "'docling-serve's API')."},
+        "info": {
+            "title": "ocrd: docling-serve's conversion API",
+            "version": __version__,
+            "description": "docling-serve 1.31.0's v1 routes, answered by ocrd (README, "
+            "'docling-serve's API').",
+        },
         "paths": {
             "/v1/convert/file": _convert("Convert a file, answered when done", FILE_BODY, False),
             "/v1/convert/file/async": _convert("Convert a file as a task", FILE_BODY, True),
-            "/v1/convert/source": _convert("Convert a source, answered when done",
-                                           SOURCE_BODY, False),
+            "/v1/convert/source": _convert(
+                "Convert a source, answered when done", SOURCE_BODY, False
+            ),
             "/v1/convert/source/async": _convert("Convert a source as a task", SOURCE_BODY, True),
-            "/v1/status/poll/{task_id}": {"get": {
-                "summary": "A task's state (wait: until it settles)", "parameters": [TASK_ID, WAIT],
-                "responses": _answers("TaskStatus", 404, 422)}},
-            "/v1/result/{task_id}": {"get": {
-                "summary": "A settled task's result", "parameters": [TASK_ID],
-                "responses": _answers("ConvertResult", 404)}},
+            "/v1/status/poll/{task_id}": {
+                "get": {
+                    "summary": "A task's state (wait: until it settles)",
+                    "parameters": [TASK_ID, WAIT],
+                    "responses": _answers("TaskStatus", 404, 422),
+                }
+            },
+            "/v1/result/{task_id}": {
+                "get": {
+                    "summary": "A settled task's result",
+                    "parameters": [TASK_ID],
+                    "responses": _answers("ConvertResult", 404),
+                }
+            },
             "/health": {"get": {"summary": "Alive", "responses": _answers("Detail")}},
         },
-        "components": {"schemas": SCHEMAS, "securitySchemes": {
-            "apiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
-            "bearer": {"type": "http", "scheme": "bearer"}}},
-    }  # fmt: skip
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
+                "bearer": {"type": "http", "scheme": "bearer"},
+            },
+        },
+    }

@@ -100,8 +100,10 @@ class DoclingApi:
     def add_routes(self, router: web.UrlDispatcher) -> None:
         for path, asynchronous in (("/v1/convert/file", False), ("/v1/convert/file/async", True)):
             router.add_post(path, functools.partial(self.convert_file, asynchronous=asynchronous))
-        for path, asynchronous in (("/v1/convert/source", False),
-                                   ("/v1/convert/source/async", True)):  # fmt: skip
+        for path, asynchronous in (
+            ("/v1/convert/source", False),
+            ("/v1/convert/source/async", True),
+        ):
             handler = functools.partial(self.convert_source, asynchronous=asynchronous)
             router.add_post(path, handler)
         router.add_get("/v1/status/poll/{task_id}", self.poll)
@@ -116,11 +118,13 @@ class DoclingApi:
     def _admit(self, request: web.Request, slack: int) -> InboxConfig:
         """The inbox a task goes to; UploadRefused where the headers already say no."""
         if self.api.token is None:
-            raise UploadRefused(403, f"converting needs a token, and {self.config.token_env} "
-                                "is not set")  # fmt: skip
+            raise UploadRefused(
+                403, f"converting needs a token, and {self.config.token_env} is not set"
+            )
         if not token_matches(request, self.api.token):
-            raise UploadRefused(401, "converting needs the token (X-Api-Key or "
-                                "Authorization: Bearer)")  # fmt: skip
+            raise UploadRefused(
+                401, "converting needs the token (X-Api-Key or Authorization: Bearer)"
+            )
         inbox = self._inbox()
         length = request.content_length
         if length is not None and length > self.config.max_upload_bytes + slack:
@@ -139,20 +143,26 @@ class DoclingApi:
         except UploadRefused as refused:
             return self._refused(request, refused)
         except TimeoutError:
-            return self._refused(request, UploadRefused(408, "the request took longer than "
-                                 "upload_timeout_seconds and was dropped"))  # fmt: skip
+            return self._refused(
+                request,
+                UploadRefused(
+                    408, "the request took longer than upload_timeout_seconds and was dropped"
+                ),
+            )
         except (ConnectionError, ClientPayloadError):
             return detail(400, "the request did not complete")
         except OSError as failure:
             self.log.error(
-                "task.failed", error=printable(describe(failure)),
+                "task.failed",
+                error=printable(describe(failure)),
                 action="the client is told to try again later; nothing was kept",
             )
             return detail(503, f"ocrd could not write the file: {printable(describe(failure))}")
 
     def _refused(self, request: web.Request, refused: UploadRefused) -> web.Response:
-        self.log.warning("task.refused", status=refused.status, reason=refused.reason,
-                         client=request.remote)  # fmt: skip
+        self.log.warning(
+            "task.refused", status=refused.status, reason=refused.reason, client=request.remote
+        )
         return detail(refused.status, refused.reason)
 
     async def _file_task(self, request: web.Request, inbox: InboxConfig) -> Receiving:
@@ -239,8 +249,9 @@ class DoclingApi:
             return file_source(source, limit)
         if kind == "http":
             docling = self.config.docling
-            return await url_source(source, docling.url_hosts, limit,
-                                    self.config.upload_timeout_seconds)  # fmt: skip
+            return await url_source(
+                source, docling.url_hosts, limit, self.config.upload_timeout_seconds
+            )
         raise UploadRefused(422, f"source kind {kind!r} is not served (file, http)")
 
     def _write(self, inbox: InboxConfig, fetched: Fetched, record: TaskOptions) -> Receiving:
@@ -276,19 +287,28 @@ class DoclingApi:
     ) -> web.Response:
         if isinstance(received, web.Response):
             return received
-        self.log.info("task.accepted", id=received.id, inbox=str(received.inbox.path),
-                      path=printable(received.relative_path), bytes=received.size,
-                      synchronous=not asynchronous, client=request.remote)  # fmt: skip
+        self.log.info(
+            "task.accepted",
+            id=received.id,
+            inbox=str(received.inbox.path),
+            path=printable(received.relative_path),
+            bytes=received.size,
+            synchronous=not asynchronous,
+            client=request.remote,
+        )
         if asynchronous:
             task = await self.tasks.find(received.id)
             return self._status(received.id, task)
         wait = self.config.docling.max_sync_wait_seconds
         task = await self.tasks.find(received.id, wait)
         if task is None or not task.settled:
-            return detail(504, f"Conversion is taking too long. The maximum wait time is "
-                          f"configured as http.docling.max_sync_wait_seconds={wait:g}; the task "
-                          f"goes on: GET /v1/status/poll/{received.id}, then "
-                          f"/v1/result/{received.id}")  # fmt: skip
+            return detail(
+                504,
+                f"Conversion is taking too long. The maximum wait time is "
+                f"configured as http.docling.max_sync_wait_seconds={wait:g}; the task "
+                f"goes on: GET /v1/status/poll/{received.id}, then "
+                f"/v1/result/{received.id}",
+            )
         return await self._result(request, task)
 
     def _status(self, task_id: str, task: Task | None) -> web.Response:

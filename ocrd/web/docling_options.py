@@ -88,19 +88,24 @@ class DoclingOptions(BaseModel):
         """These options, or OptionRefused naming the first that ocrd cannot honour."""
         for name in self.to_formats:
             if name not in FORMATS:
-                raise OptionRefused("to_formats", f"{name!r} is not served; ocrd answers "
-                                    f"{', '.join(FORMATS)}")  # fmt: skip
+                raise OptionRefused(
+                    "to_formats", f"{name!r} is not served; ocrd answers {', '.join(FORMATS)}"
+                )
         if self.image_export_mode not in IMAGE_MODES:
-            raise OptionRefused("image_export_mode", f"{self.image_export_mode!r} is not one of "
-                                f"{', '.join(IMAGE_MODES)}")  # fmt: skip
+            raise OptionRefused(
+                "image_export_mode",
+                f"{self.image_export_mode!r} is not one of {', '.join(IMAGE_MODES)}",
+            )
         first, last = self.page_range
         if not 1 <= first <= last:
             raise OptionRefused("page_range", f"[{first}, {last}] is no range of pages from 1")
         if self.force_ocr and not self.do_ocr:
             raise OptionRefused("force_ocr", "force_ocr asks for OCR, do_ocr: false for none")
         if self.from_formats is not None and not set(self.from_formats) & set(INPUT_FORMATS):
-            raise OptionRefused("from_formats", "ocrd reads PDFs and images only ('pdf', "
-                                "'image'); none of them is allowed here")  # fmt: skip
+            raise OptionRefused(
+                "from_formats",
+                "ocrd reads PDFs and images only ('pdf', 'image'); none of them is allowed here",
+            )
         for name, value in (self.model_extra or {}).items():
             _check_default(name, value)
         return self
@@ -129,8 +134,11 @@ def _check_default(name: str, value: Any) -> None:
         raise OptionRefused(name, "ocrd does not know this option; leave it out")
     if value == DEFAULTS[name] or value in ALSO_DEFAULT.get(name, ()):
         return
-    raise OptionRefused(name, f"{value!r} is not served (ocrd converts with its own engine "
-                        f"and settings; only {DEFAULTS[name]!r} is taken)")  # fmt: skip
+    raise OptionRefused(
+        name,
+        f"{value!r} is not served (ocrd converts with its own engine "
+        f"and settings; only {DEFAULTS[name]!r} is taken)",
+    )
 
 
 LIST_FIELDS = frozenset({"to_formats", "from_formats", "page_range", "ocr_lang"})

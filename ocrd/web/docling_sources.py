@@ -57,9 +57,11 @@ async def _check_host(host: str, port: int, allowed: tuple[str, ...]) -> None:
     """UploadRefused unless the host is listed and reaches no internal address."""
     listed = {entry.lower().strip("[]") for entry in allowed}
     if host.lower() not in listed:
-        why = "URL sources are off (http.docling.url_hosts is empty)" if not allowed else (
-            f"its host {host!r} is not in http.docling.url_hosts"
-        )  # fmt: skip
+        why = (
+            "URL sources are off (http.docling.url_hosts is empty)"
+            if not allowed
+            else (f"its host {host!r} is not in http.docling.url_hosts")
+        )
         raise UploadRefused(422, f"the http source is refused: {why}")
     loop = asyncio.get_running_loop()
     try:
@@ -92,19 +94,26 @@ async def url_source(
     if not isinstance(headers, dict):
         raise UploadRefused(422, "an http source's 'headers' must be an object")
     try:
-        async with asyncio.timeout(timeout), httpx.AsyncClient(
-            follow_redirects=False, timeout=timeout
-        ) as client, client.stream("GET", url, headers={str(k): str(v) for k, v in
-                                                        headers.items()}) as answer:  # fmt: skip
+        async with (
+            asyncio.timeout(timeout),
+            httpx.AsyncClient(follow_redirects=False, timeout=timeout) as client,
+            client.stream(
+                "GET", url, headers={str(k): str(v) for k, v in headers.items()}
+            ) as answer,
+        ):
             if answer.status_code != 200:
-                raise UploadRefused(422, f"fetching {url!r} was answered {answer.status_code} "
-                                    "(redirects are not followed)")  # fmt: skip
+                raise UploadRefused(
+                    422,
+                    f"fetching {url!r} was answered {answer.status_code} "
+                    "(redirects are not followed)",
+                )
             data = bytearray()
             async for chunk in answer.aiter_bytes(FETCH_CHUNK_BYTES):
                 data += chunk
                 if len(data) > max_bytes:
-                    raise UploadRefused(413, f"{url!r} is larger than this server takes "
-                                        "(max_upload_mb)")  # fmt: skip
+                    raise UploadRefused(
+                        413, f"{url!r} is larger than this server takes (max_upload_mb)"
+                    )
     except (httpx.HTTPError, TimeoutError) as error:
         raise UploadRefused(422, f"fetching {url!r} failed: {error or 'too slow'}") from None
     if not data:

@@ -101,8 +101,10 @@ class Outputs:
         for markdown in self.markdowns:
             assets = OutputFiles(Path(markdown)).assets.name
             figures = visible_files(self.root, (*self.folder, assets))
-            by_part.append([name for name in _companions(markdown) if name in found]
-                           + [f"{assets}/{name}" for name, _ in sorted(figures)])  # fmt: skip
+            by_part.append(
+                [name for name in _companions(markdown) if name in found]
+                + [f"{assets}/{name}" for name, _ in sorted(figures)]
+            )
         return by_part
 
     def open(self, parts: Sequence[str]) -> int:
@@ -217,9 +219,13 @@ def _claimed(inbox: InboxConfig, upload_id: str) -> _Claimed | None:
             continue
         name, info = own[0]
         return _Claimed(
-            claim, name, info.st_mtime, state.get("claimed_at"),
-            settlement.get("markdown"), settlement.get("error_report"),
-        )  # fmt: skip
+            claim,
+            name,
+            info.st_mtime,
+            state.get("claimed_at"),
+            settlement.get("markdown"),
+            settlement.get("error_report"),
+        )
     return None
 
 
@@ -250,8 +256,9 @@ def _own_files(root: Path, parts: Sequence[str]) -> list[tuple[str, os.stat_resu
     """The files of an upload's folder that are ocrd's own: an upload's file, its outputs
     and its report are all written by ocrd's user, so a file someone else put there (an
     output folder people may write) is never taken for the upload's."""
-    return [(name, info) for name, info in visible_files(root, parts)
-            if info.st_uid == os.geteuid()]  # fmt: skip
+    return [
+        (name, info) for name, info in visible_files(root, parts) if info.st_uid == os.geteuid()
+    ]
 
 
 def _waiting(inbox: InboxConfig, upload_id: str) -> list[tuple[str, os.stat_result]]:
@@ -290,16 +297,21 @@ def find_upload(inbox: InboxConfig, upload_id: str) -> Found | None:
     stem = PurePath(done[0][0]).stem if done else None
     markdown = _pick(
         [name for name in written if name.endswith(".md")],
-        [f"{stem}.md" if stem else None, f"{stem}-1.md" if stem else None,  # split: parts
-         PurePath(planned).name if planned else None],
-    )  # fmt: skip
+        [
+            f"{stem}.md" if stem else None,
+            f"{stem}-1.md" if stem else None,  # split: parts
+            PurePath(planned).name if planned else None,
+        ],
+    )
     originals = [(n, i) for n, i in failed if not n.endswith(ERROR_SUFFIX)]
     planned = claimed.error_report if claimed and claimed.error_report else None
     report = _pick(
         [name for name, _ in failed if name.endswith(ERROR_SUFFIX)],
-        [f"{PurePath(originals[0][0]).stem}{ERROR_SUFFIX}" if originals else None,
-         PurePath(planned).name if planned else None],
-    )  # fmt: skip
+        [
+            f"{PurePath(originals[0][0]).stem}{ERROR_SUFFIX}" if originals else None,
+            PurePath(planned).name if planned else None,
+        ],
+    )
     if markdown is not None:
         original = done[0] if done else None
         uploaded = original[1].st_mtime if original else claimed.uploaded if claimed else None
@@ -329,7 +341,6 @@ def find_upload(inbox: InboxConfig, upload_id: str) -> Found | None:
         name, info = waiting[0]
         return found(DocumentState.waiting, name, info.st_mtime)
     return None
-
 
 
 class Documents:
@@ -442,6 +453,7 @@ class Documents:
             found.pages = summary.pages or None
             found.claim = summary.doc
             found.started_at = found.started_at or iso(summary.finished_at - summary.seconds)
+
 
 def _find_in(inboxes: list[InboxConfig], upload_id: str) -> Found | None:
     for inbox in inboxes:

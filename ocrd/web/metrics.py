@@ -77,13 +77,15 @@ class _StateCollector(Collector):
         yield uploads
         yield from _instance_metrics(report)
         yield GaugeMetricFamily(
-            "ocrd_documents_in_flight", "Documents claimed and being processed",
+            "ocrd_documents_in_flight",
+            "Documents claimed and being processed",
             value=report.documents_in_flight,
-        )  # fmt: skip
+        )
         yield GaugeMetricFamily(
-            "ocrd_pages_in_flight", "Pages rendered and not yet recognised",
+            "ocrd_pages_in_flight",
+            "Pages rendered and not yet recognised",
             value=report.pages_in_flight,
-        )  # fmt: skip
+        )
         state = GaugeMetricFamily(
             "ocrd_engine_state", "1 for the engine's current state", labels=["state"]
         )
@@ -99,34 +101,50 @@ class _StateCollector(Collector):
 # Each replica's numbers: (ReplicaStatus field, metric name, help, a counter?).
 REPLICA_NUMBERS = (
     ("in_flight", "ocrd_engine_replica_pages_in_flight", "Pages a replica works on now", False),
-    ("capacity", "ocrd_engine_replica_capacity", "Pages a replica works on at once at most",
-     False),
+    ("capacity", "ocrd_engine_replica_capacity", "Pages a replica works on at once at most", False),
     ("pages_done", "ocrd_engine_replica_pages", "Pages a replica recognised", True),
-    ("pages_failed", "ocrd_engine_replica_page_failures",
-     "Page requests that failed on a replica while it stayed up", True),
-    ("restarts", "ocrd_engine_replica_restarts",
-     "Restarts (local) or reconnections (remote) of a replica after its first start", True),
-    ("deaths_with_pages", "ocrd_engine_replica_deaths_with_pages",
-     "Times a replica died or dropped its connection with pages in flight", True),
-)  # fmt: skip
+    (
+        "pages_failed",
+        "ocrd_engine_replica_page_failures",
+        "Page requests that failed on a replica while it stayed up",
+        True,
+    ),
+    (
+        "restarts",
+        "ocrd_engine_replica_restarts",
+        "Restarts (local) or reconnections (remote) of a replica after its first start",
+        True,
+    ),
+    (
+        "deaths_with_pages",
+        "ocrd_engine_replica_deaths_with_pages",
+        "Times a replica died or dropped its connection with pages in flight",
+        True,
+    ),
+)
 
 
 def _replica_metrics(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
     """Each engine replica's state and counts, labelled `replica` (its name)."""
     state = GaugeMetricFamily(
-        "ocrd_engine_replica_state", "1 for each replica's current state",
+        "ocrd_engine_replica_state",
+        "1 for each replica's current state",
         labels=["replica", "state"],
-    )  # fmt: skip
+    )
     checked = GaugeMetricFamily(
         "ocrd_engine_replica_self_check_passed",
         "1 if the replica read ocrd's test page at its last check, 0 if not (absent before)",
         labels=["replica"],
-    )  # fmt: skip
+    )
     numbers = [
-        (field, (CounterMetricFamily if counter else GaugeMetricFamily)(
-            name, help_text, labels=["replica"]))
+        (
+            field,
+            (CounterMetricFamily if counter else GaugeMetricFamily)(
+                name, help_text, labels=["replica"]
+            ),
+        )
         for field, name, help_text, counter in REPLICA_NUMBERS
-    ]  # fmt: skip
+    ]
     for replica in replicas:
         for value in ReplicaState:
             state.add_metric([replica.name, value.value], float(replica.state == value.value))
@@ -143,9 +161,10 @@ def _instance_metrics(report: StatusReport) -> Iterator[Metric]:
     """The daemons sharing each inbox, as this one saw their leases at its last renewal."""
     labels = ["inbox", "instance"]
     up = GaugeMetricFamily(
-        "ocrd_instance_up", "1 while a daemon's lease on the inbox's work area is alive",
+        "ocrd_instance_up",
+        "1 while a daemon's lease on the inbox's work area is alive",
         labels=labels,
-    )  # fmt: skip
+    )
     age = GaugeMetricFamily(
         "ocrd_instance_lease_age_seconds",
         "Age of a daemon's lease by the shared filesystem's clock (absent: it holds none)",
@@ -160,9 +179,10 @@ def _instance_metrics(report: StatusReport) -> Iterator[Metric]:
         labels=["inbox", "from_instance"],
     )
     lost = CounterMetricFamily(
-        "ocrd_leases_lost", "Leases this daemon lost (paused or cut off past half a lease)",
+        "ocrd_leases_lost",
+        "Leases this daemon lost (paused or cut off past half a lease)",
         labels=["inbox"],
-    )  # fmt: skip
+    )
     for inbox in report.inboxes:
         for instance in inbox.instances:
             up.add_metric([inbox.path, instance.name], 1.0 if instance.alive else 0.0)
@@ -181,30 +201,40 @@ class Metrics:
         self.registry = CollectorRegistry()
         registry = self.registry
         self.documents = Counter(
-            "ocrd_documents_finished", "Documents settled, by inbox, outcome and failed stage",
-            ["inbox", "outcome", "stage"], registry=registry,
-        )  # fmt: skip
+            "ocrd_documents_finished",
+            "Documents settled, by inbox, outcome and failed stage",
+            ["inbox", "outcome", "stage"],
+            registry=registry,
+        )
         self.document_seconds = Histogram(
-            "ocrd_document_seconds", "Seconds from a document's start to its settlement",
-            ["pages"], buckets=DOCUMENT_SECONDS, registry=registry,
-        )  # fmt: skip
+            "ocrd_document_seconds",
+            "Seconds from a document's start to its settlement",
+            ["pages"],
+            buckets=DOCUMENT_SECONDS,
+            registry=registry,
+        )
         self.pages = Counter(
             "ocrd_pages_recognised",
             "Pages done, by finish reason and prompt (text_layer, blank: not sent to the engine)",
-            ["finish_reason", "prompt"], registry=registry,
-        )  # fmt: skip
+            ["finish_reason", "prompt"],
+            registry=registry,
+        )
         self.page_seconds = Histogram(
-            "ocrd_page_seconds", "Seconds a page spent in the engine (queue included)",
-            buckets=PAGE_SECONDS, registry=registry,
-        )  # fmt: skip
+            "ocrd_page_seconds",
+            "Seconds a page spent in the engine (queue included)",
+            buckets=PAGE_SECONDS,
+            registry=registry,
+        )
         self.retried = Counter(
-            "ocrd_pages_retried", "Unfinished pages sent again with the plain-text prompt",
+            "ocrd_pages_retried",
+            "Unfinished pages sent again with the plain-text prompt",
             registry=registry,
-        )  # fmt: skip
+        )
         self.unfinished = Counter(
-            "ocrd_pages_unfinished", "Pages left unfinished (length, repetition, a loop)",
+            "ocrd_pages_unfinished",
+            "Pages left unfinished (length, repetition, a loop)",
             registry=registry,
-        )  # fmt: skip
+        )
         self.prompt_tokens = Counter(
             "ocrd_prompt_tokens", "Prompt tokens of recognised pages", registry=registry
         )
@@ -212,21 +242,27 @@ class Metrics:
             "ocrd_completion_tokens", "Completion tokens of recognised pages", registry=registry
         )
         self.without_text = Counter(
-            "ocrd_pages_without_text", "Pages with content (ink, or a text layer) from which "
-            "no text came", registry=registry,
-        )  # fmt: skip
-        self.storage_faults = Counter(
-            "ocrd_storage_faults", "Storage errors met while settling (each retry counts)",
+            "ocrd_pages_without_text",
+            "Pages with content (ink, or a text layer) from which no text came",
             registry=registry,
-        )  # fmt: skip
+        )
+        self.storage_faults = Counter(
+            "ocrd_storage_faults",
+            "Storage errors met while settling (each retry counts)",
+            registry=registry,
+        )
         self.render_failures = Counter(
-            "ocrd_render_failures", "Documents that failed to open or render, by reason",
-            ["reason"], registry=registry,
-        )  # fmt: skip
+            "ocrd_render_failures",
+            "Documents that failed to open or render, by reason",
+            ["reason"],
+            registry=registry,
+        )
         self.hooks = Counter(
-            "ocrd_hook_runs", "Hooks run after settling, by event, kind and result",
-            ["event", "kind", "result"], registry=registry,
-        )  # fmt: skip
+            "ocrd_hook_runs",
+            "Hooks run after settling, by event, kind and result",
+            ["event", "kind", "result"],
+            registry=registry,
+        )
         registry.register(_StateCollector(report))
         # The engine's replicas' own metrics, once the engine exists.
         self.replica_metrics: Callable[[], Awaitable[str]] | None = None

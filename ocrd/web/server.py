@@ -284,9 +284,12 @@ class WebServer:
     async def start(self) -> str:
         """Listen; the address actually bound (a port of 0 picks a free one)."""
         runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
             lingering_time=LINGERING_SECONDS,
-        )  # fmt: skip
+        )
         await runner.setup()
         site = _GuardedSite(runner, self.config.host, self.config.port, self.limits)
         try:
@@ -334,9 +337,10 @@ class WebServer:
     async def api_status(self, request: web.Request) -> web.Response:
         report = self.report()
         return web.Response(
-            text=report.model_dump_json(), content_type="application/json",
+            text=report.model_dump_json(),
+            content_type="application/json",
             status=200 if report.ready else 503,
-        )  # fmt: skip
+        )
 
     async def prometheus(self, request: web.Request) -> web.Response:
         body = await self.metrics.exposition()

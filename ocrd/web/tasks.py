@@ -219,15 +219,25 @@ def document_content(task: Task, images: Images) -> dict[str, Any]:
 def errors_of(task: Task) -> list[dict[str, Any]]:
     """docling's error items: the failure, or each page the engine left unfinished."""
     if task.status is TaskStatus.failure:
-        return [{"component_type": "pipeline", "module_name": "ocrd",
-                 "error_message": task.error_message, "category": "unknown",
-                 "page_no": task.found.page}]  # fmt: skip
+        return [
+            {
+                "component_type": "pipeline",
+                "module_name": "ocrd",
+                "error_message": task.error_message,
+                "category": "unknown",
+                "page_no": task.found.page,
+            }
+        ]
     return [
-        {"component_type": "model", "module_name": "ocrd", "category": "inference_failure",
-         "error_message": f"page {page} is incomplete: the engine stopped it before its end",
-         "page_no": page}
+        {
+            "component_type": "model",
+            "module_name": "ocrd",
+            "category": "inference_failure",
+            "error_message": f"page {page} is incomplete: the engine stopped it before its end",
+            "page_no": page,
+        }
         for page in task.unfinished_pages
-    ]  # fmt: skip
+    ]
 
 
 # --- finding, waiting, tidying -------------------------------------------------------------------
@@ -248,8 +258,9 @@ class Tasks:
         """The task (once settled, or after `wait` seconds); None if there is none."""
         if not UPLOAD_ID.match(task_id):
             return None
-        found = await (self.documents.settled(task_id, wait) if wait else
-                       self.documents.find(task_id))  # fmt: skip
+        found = await (
+            self.documents.settled(task_id, wait) if wait else self.documents.find(task_id)
+        )
         inbox = self._inbox(found.inbox) if found is not None else None
         if found is None or inbox is None:
             return None
@@ -291,7 +302,9 @@ class Tasks:
                     removed = await self.tidy(inbox, keep)
                 except OSError as error:
                     self.log.warning(
-                        "task.tidy_failed", inbox=str(inbox.path), error=printable(str(error)),
+                        "task.tidy_failed",
+                        inbox=str(inbox.path),
+                        error=printable(str(error)),
                         action="tried again later",
                     )
                     continue
@@ -327,7 +340,9 @@ def remove_task(inbox: InboxConfig, upload_id: str) -> None:
     """A task's files: its outputs, its original in done/ or failed/ (with the error
     report), and its record. Each tree removed beneath its root, never through a link."""
     for root in (inbox.outbox, inbox.done, inbox.failed):
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError, OSError), \
-                folder_beneath(root, (UPLOADS_FOLDER,)) as uploads:  # fmt: skip
+        with (
+            contextlib.suppress(FileNotFoundError, NotADirectoryError, OSError),
+            folder_beneath(root, (UPLOADS_FOLDER,)) as uploads,
+        ):
             shutil.rmtree(upload_id, dir_fd=uploads)
     remove_record(inbox, upload_id)

@@ -67,8 +67,10 @@ class Uploading:
             raise UploadRefused(413, self._too_large())
 
     def _too_large(self) -> str:
-        return f"the file is larger than this server takes (max_upload_mb: "\
-               f"{self.config.max_upload_mb:g})"  # fmt: skip
+        return (
+            f"the file is larger than this server takes (max_upload_mb: "
+            f"{self.config.max_upload_mb:g})"
+        )
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: refuse before the client sends its body, where the
@@ -158,8 +160,9 @@ class Uploading:
         inbox_name = request.query.get("inbox")
         if request.content_type != "multipart/form-data":
             filename = request.query.get("filename")
-            return await self._store(request, inbox_name, filename,
-                                     lambda: request.content.read(READ_BYTES))  # fmt: skip
+            return await self._store(
+                request, inbox_name, filename, lambda: request.content.read(READ_BYTES)
+            )
         try:
             reader = await request.multipart()
             while True:
