@@ -45,9 +45,9 @@ from ocrd.output.searchable import (
     image_pdf,
     write_searchable_pdf,
 )
-from ocrd.output.textlayer import block_lines
 from ocrd.text.grounding import SCALE
 from ocrd.text.markdown import page_markdown
+from ocrd.text.plain import block_lines
 
 PASSWORD = "ELXRTQWS"  # corpus/hostile/pdf-js__issue3371.pdf (corpus README)
 MIN_RECALL = 0.98

@@ -11,11 +11,8 @@ from ocrd.output.page import assemble_page
 from ocrd.output.textlayer import (
     PAGE_REGION,
     PlacedLine,
-    block_lines,
     block_placements,
-    latex_to_plain,
     lay_out_block,
-    markdown_line_to_plain,
     page_lines,
     row_counts,
     skew_slope,
@@ -24,6 +21,7 @@ from ocrd.output.textlayer import (
 from ocrd.text.grounding import Block, Box, parse_page
 from ocrd.text.lines import TextLine, lines_to_markdown
 from ocrd.text.markdown import page_markdown
+from ocrd.text.plain import block_lines, latex_to_plain, markdown_line_to_plain
 
 LETTER = (612.0, 792.0)
 PAGE = """<|ref|>title<|/ref|><|det|>[[62, 38, 934, 71]]<|/det|>

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from ocrd.config import DocumentOptions
 from ocrd.documents import crashes, failures
-from ocrd.documents.pipeline import Inputs, Pipeline, Progress, read_inputs
+from ocrd.documents.pipeline import Pipeline, Progress
 from ocrd.documents.route import Route
 from ocrd.documents.settling import OriginalVanished, Settling, given_up
-from ocrd.documents.sources import SourceKind, Sources, job_snapshot
+from ocrd.documents.sources import Inputs, SourceKind, Sources, job_snapshot, read_inputs
 from ocrd.domain import DocumentFailed, DocumentResult, Stage
 from ocrd.engines import EngineDeadError
 from ocrd.files.dropped import printable

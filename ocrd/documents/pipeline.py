@@ -28,7 +28,7 @@ from ocrd.config import (
 )
 from ocrd.documents import failures
 from ocrd.documents.schedule import PageBudget, Ticket
-from ocrd.documents.sources import PageRef, SourceKind, Sources, page_files, page_order
+from ocrd.documents.sources import Inputs, PageRef, SourceKind, Sources, page_order, read_inputs
 from ocrd.domain import (
     DocumentResult,
     InputFormat,
@@ -479,26 +479,3 @@ def split_document(
     if not split.parts:
         raise failures.only_separators(split)
     return split
-
-
-@dataclass
-class Inputs:
-    """What a conversion reads before its first page: the files holding pages, the names of
-    a job's files that hold none, and the pages its journal kept."""
-
-    files: list[tuple[Path, InputFormat]]
-    skipped: list[str]
-    journal: dict[int, PageResult]
-
-
-def read_inputs(
-    sources: Sources, journal: PageJournal | None, settings: DocumentOptions, scratch: Path
-) -> Inputs:
-    """The inputs of a conversion (blocking: one thread hop); DocumentFailed where the
-    files cannot be told apart."""
-    try:
-        files, skipped = page_files(sources)
-    except (RenderError, OSError) as error:
-        raise failures.undetected(error) from None
-    figures = scratch if settings.figures else None
-    return Inputs(files, skipped, journal.load(figures) if journal and files else {})

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES
-from ocrd.domain import InputFormat
+from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, DocumentOptions
+from ocrd.documents import failures
+from ocrd.domain import InputFormat, PageResult
 from ocrd.files.dropped import UNLISTABLE, printable, regular_files
+from ocrd.output.page import PageJournal
 from ocrd.render import RenderError, RenderFailure, SourceFile, detect_format
 
 
@@ -148,3 +150,26 @@ def page_files(sources: Sources) -> tuple[list[tuple[Path, InputFormat]], list[s
                 raise
             skipped.append(f"{printable(path.name)}: {error}")
     return readable, skipped
+
+
+@dataclass
+class Inputs:
+    """What a conversion reads before its first page: the files holding pages, the names of
+    a job's files that hold none, and the pages its journal kept."""
+
+    files: list[tuple[Path, InputFormat]]
+    skipped: list[str]
+    journal: dict[int, PageResult]
+
+
+def read_inputs(
+    sources: Sources, journal: PageJournal | None, settings: DocumentOptions, scratch: Path
+) -> Inputs:
+    """The inputs of a conversion (blocking: one thread hop); DocumentFailed where the
+    files cannot be told apart."""
+    try:
+        files, skipped = page_files(sources)
+    except (RenderError, OSError) as error:
+        raise failures.undetected(error) from None
+    figures = scratch if settings.figures else None
+    return Inputs(files, skipped, journal.load(figures) if journal and files else {})

@@ -40,11 +40,11 @@ from ocrd.domain import Figure, PageResult, PageSource
 from ocrd.text.elements import Element, Kind, elements, formula_text, plain, table_element
 from ocrd.text.grounding import Block, Box
 from ocrd.text.markdown import decode_entities_outside_tables, scrub_tags
+from ocrd.text.plain import FORMULA_LABELS
 
 DOCLING_SUFFIX = ".docling.json"
 TITLE_LABELS = frozenset({"title", "doc_title", "document_title"})
 HEADING_LABELS = frozenset({"sub_title", "subtitle", "section_header", "heading", "header_text"})
-FORMULA_LABELS = frozenset({"equation", "formula", "isolate_formula", "interline_equation"})
 PICTURE_LABELS = frozenset({"image", "figure", "picture", "chart"})
 CAPTION_LABELS = {  # a caption label, and the kind of item it belongs to (None: either)
     "image_caption": PictureItem,
