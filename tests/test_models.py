@@ -47,6 +47,7 @@ def test_every_model_is_described_with_its_source_and_a_prompt_for_its_self_chec
         "lightonocr-2-bbox",
         "olmocr-2",
         "glm-ocr",
+        "paddleocr-vl-1.5",
     }
     for name, described in known.items():
         assert described.name == name
@@ -304,6 +305,54 @@ def test_olmocr_figure_box_is_read_in_pixels_of_the_image_it_saw() -> None:
     )
 
 
+# PaddleOCR-VL-1.5: its pipeline's page JSON -----------------------------------------------
+
+# The shape PaddleOCR-VL.en.md documents for `save_to_json` (PaddlePaddle/PaddleOCR b8fae77);
+# written for this test, with the labels and boxes its documented demo page has: no file of
+# the pipeline's output is published in a repository this test could name.
+PADDLE_PAGE = {
+    "input_path": "paddleocr_vl_demo.png",
+    "page_index": None,
+    "parsing_res_list": [
+        {"block_label": "doc_title", "block_content": "Title", "block_bbox": [131, 36, 1384, 127]},
+        {"block_label": "image", "block_content": "", "block_bbox": [775, 200, 1503, 684]},
+        {
+            "block_label": "paragraph_title",
+            "block_content": "Part",
+            "block_bbox": [28, 455, 341, 520],
+        },
+        {"block_label": "text", "block_content": "", "block_bbox": [389, 200, 742, 295]},
+        {
+            "block_label": "table",
+            "block_content": "<table><tr><td>1</td></tr></table>",
+            "block_bbox": [9, 9, 99, 99],
+        },
+        {
+            "block_label": "display_formula",
+            "block_content": "E = mc^2",
+            "block_bbox": [9, 9, 99, 99],
+        },
+    ],
+}
+
+
+def test_paddle_regions_keep_their_labels_and_their_pixel_boxes() -> None:
+    size = (1536, 1366)
+    blocks = model("paddleocr-vl-1.5").blocks(json.dumps({"res": PADDLE_PAGE}), size)
+    assert labels(blocks) == [
+        "title",
+        "image",
+        "sub_title",
+        "table",
+        "equation",
+    ]  # empty text dropped
+    assert figure_box_px(blocks[1].boxes[0], size) == pytest.approx((775, 200, 1503, 684), abs=1)
+    assert blocks[3].content.startswith("<table>")
+    assert blocks[4].content == "$$\nE = mc^2\n$$"
+    several_pages = model("paddleocr-vl-1.5").blocks(json.dumps([PADDLE_PAGE, PADDLE_PAGE]), size)
+    assert len(several_pages) == 2 * len(blocks)
+
+
 # Self-checks in each model's own answer format -------------------------------------------
 
 
@@ -316,6 +365,9 @@ def own_format_answer(name: str, text: str) -> str:
         return json.dumps(
             [[{"index": 0, "label": "text", "content": text, "bbox_2d": [1, 2, 3, 4]}]]
         )
+    if name == "paddleocr-vl-1.5":
+        region = {"block_label": "text", "block_content": text, "block_bbox": [1, 2, 3, 4]}
+        return json.dumps({"res": {"parsing_res_list": [region]}})
     return text
 
 

@@ -1,14 +1,18 @@
 """LightOnOCR-2-1B (lightonai/LightOnOCR-2-1B) and its image-box variant (…-1B-bbox).
 
-Recipe, from the model card (huggingface.co/lightonai/LightOnOCR-2-1B, README.md, "Usage
-Tips" and "Rendering and Preprocessing Tips"; read as the card is reproduced on
-docs.doubleword.ai/inference-api/models/lightonai-lightonocr-2-1b-bbox-soup, the card
-itself is not on GitHub):
+Recipe, from LightOn's own client (github.com/lightonai/LightOnOCR at 36755d4,
+`lightonocr/models.py` and `lightonocr/client.py`) and the model card
+(huggingface.co/lightonai/LightOnOCR-2-1B, README.md, "Usage Tips", as reproduced on
+docs.doubleword.ai/inference-api/models/lightonai-lightonocr-2-1b-bbox-soup):
 
 - no system prompt and no text prompt: the image alone ("the model has a tendency to repeat
   the prompt in its answer");
-- `max_tokens` 4096, `temperature` 0.2, `top_p` 0.9;
-- PDFs rendered at a longest dimension of 1540 px, aspect ratio kept, one image per page.
+- `temperature` 0.2, `top_p` 0.9 (generations 1 and 2); `max_tokens` 4096 (the card);
+- pages rendered at 1540 px on the longest edge, aspect ratio kept, one image per page: the
+  1B models' processor would shrink a larger image to that anyway;
+- LightOn's client repairs escaped math delimiters (`\\$x\\$` to `$x$`,
+  `lightonocr/postprocess/fix_escaped_dollars.py`); ocrd does not (yet): the text stays as
+  the model wrote it.
 
 The answer is Markdown: headings, paragraphs, `$…$` math, HTML `<table>`s. The plain model
 marks a figure `![image](image_N.png)`; the `-bbox` variant follows the link with the
@@ -59,7 +63,8 @@ def _model(name: str, hf_id: str, boxes: bool) -> Model:
         licence="Apache-2.0",
         parameters_billions=1.0,
         dtype="bfloat16",
-        source=f"huggingface.co/{hf_id} README.md (usage and rendering tips)",
+        source="github.com/lightonai/LightOnOCR lightonocr/models.py, lightonocr/client.py; "
+        f"huggingface.co/{hf_id} README.md",
         answer="Markdown with $…$ math and HTML tables; figures as ![image](image_N.png)"
         + ("x1,y1,x2,y2 (0..1000)" if boxes else ""),
         pipeline=Pipeline.page,

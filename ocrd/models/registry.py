@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ocrd.models import deepseek_ocr2, glm_ocr, lightonocr2, olmocr2
+from ocrd.models import deepseek_ocr2, glm_ocr, lightonocr2, olmocr2, paddleocr_vl
 from ocrd.models.recipe import Model
 
 DEFAULT = deepseek_ocr2.NAME
@@ -16,6 +16,7 @@ def models() -> dict[str, Model]:
         lightonocr2.bbox_model(),
         olmocr2.model(),
         glm_ocr.model(),
+        paddleocr_vl.model(),
     )
     return {model.name: model for model in known}
 
