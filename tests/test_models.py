@@ -70,7 +70,7 @@ def test_a_page_is_scaled_to_the_models_image_rule() -> None:
     assert model("olmocr-2").image.fitted(*a4_at_300_dpi) == (910, 1288)
     assert model("deepseek-ocr-2").image.fitted(1000, 800) == (1000, 800)  # never grown
     width, height = model("glm-ocr").image.fitted(50, 60)  # grown to its least pixels
-    assert width * height >= 12544 - (width + height)
+    assert (width, height) == (103, 123) and width * height >= 12544
 
 
 # DeepSeek-OCR-2: exactly today's behaviour ----------------------------------------------
@@ -207,6 +207,47 @@ def test_lighton_box_is_read_from_thousandths_and_the_plain_model_gives_none() -
     assert figure_box_px(figure.boxes[0], (1000, 1000)) == (143, 237, 787, 514)
     [plain] = model("lightonocr-2").blocks(line, (1000, 1000))
     assert plain.label == "image" and plain.boxes == ()
+
+
+def test_markdown_is_cut_into_labelled_blocks_as_the_outputs_expect() -> None:
+    markdown = "\n".join(
+        [
+            "# Report",
+            "Intro line one",
+            "line two with $x$ inline.",
+            "",
+            "### Detail",
+            "$$",
+            "a = b",
+            "$$",
+            "\\[ c = d \\]",
+            "| A | B |",
+            "|---|---|",
+            "| 1 | 2 |",
+            "```",
+            "# not a heading",
+            "",
+            "```",
+            "<table><tr><td>x</td></tr>",
+            "",
+            "<tr><td>y</td></tr></table>",
+            "Tail.",
+        ]
+    )
+    blocks = model("lightonocr-2").blocks(markdown, (100, 100))
+    assert [(b.label, b.content.splitlines()[0]) for b in blocks] == [
+        ("title", "# Report"),
+        ("text", "Intro line one"),
+        ("sub_title", "### Detail"),
+        ("equation", "$$"),
+        ("equation", "\\[ c = d \\]"),
+        ("table", "| A | B |"),
+        ("text", "```"),
+        ("table", "<table><tr><td>x</td></tr>"),
+        ("text", "Tail."),
+    ]
+    assert blocks[1].content == "Intro line one\nline two with $x$ inline."
+    assert "| 1 | 2 |" in page_markdown(blocks, "markdown")
 
 
 # GLM-OCR: the SDK's published page results -----------------------------------------------

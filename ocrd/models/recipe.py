@@ -58,7 +58,8 @@ class ImageRule:
             scale = min(scale, math.sqrt(self.max_pixels / (width * height)))
         if self.min_pixels is not None and width * height * scale * scale < self.min_pixels:
             scale = math.sqrt(self.min_pixels / (width * height))
-        return max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
+        side = math.ceil if scale > 1 else math.floor  # never under a least, never over a most
+        return max(1, side(width * scale)), max(1, side(height * scale))
 
 
 @dataclass(frozen=True)
