@@ -12,10 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from ocrd.config import SamplingConfig
+from ocrd.config import PromptMode, SamplingConfig
+from ocrd.domain import PageResult, PageText
 from ocrd.engines import deepseek, selfcheck
 from ocrd.models import Model, deepseek_ocr2, model, models, olmocr2
 from ocrd.models.selfcheck import HARBOUR_PAGE
+from ocrd.output.docling import build_document
 from ocrd.output.page import figure_box_px
 from ocrd.text.grounding import SCALE, Block, Box, parse_page
 from ocrd.text.markdown import page_markdown
@@ -199,6 +201,35 @@ def test_lighton_figure_boxes_land_on_the_pages_own_images(stem: str) -> None:
     box_area = (right - left) * (bottom - top)
     assert overlap / image_area >= 0.9
     assert overlap / (image_area + box_area - overlap) >= 0.6
+
+
+def test_lighton_blocks_make_a_docling_document_with_its_table_and_figure() -> None:
+    """The blocks are the currency every output takes: a DoclingDocument of the page has the
+    model's table with its cells, its title, and a picture over the page's own image."""
+    answer = lighton_answer("31123167_p07")
+    with pymupdf.open(LIGHTON / "pdfparser__31123167_p07.pdf") as document:
+        page = document[0]
+        width_pt, height_pt = page.rect.width, page.rect.height
+        left, top, right, bottom = page.get_image_info()[0]["bbox"]
+    size = model("lightonocr-2-bbox").image.fitted(round(width_pt * 10), round(height_pt * 10))
+    result = PageResult(
+        number=1,
+        text=PageText(answer, "stop"),
+        prompt=PromptMode.layout,
+        image_size=size,
+        page_size_pt=(width_pt, height_pt),
+        blocks=model("lightonocr-2-bbox").blocks(answer, size),
+    )
+    doc = build_document([result], "page")
+    [table] = doc.tables
+    assert (table.data.num_rows, table.data.num_cols) == (7, 4)
+    assert any(t.label.value == "title" and t.text.startswith("Table 2 Enzyme") for t in doc.texts)
+    [picture] = doc.pictures
+    box = picture.prov[0].bbox  # PDF points, origin bottom left
+    overlap_x = min(box.r, right) - max(box.l, left)
+    overlap_y = min(box.t, height_pt - top) - max(box.b, height_pt - bottom)
+    assert overlap_x > 0 and overlap_y > 0
+    assert overlap_x * overlap_y >= 0.9 * (right - left) * (bottom - top)
 
 
 def test_lighton_box_is_read_from_thousandths_and_the_plain_model_gives_none() -> None:
