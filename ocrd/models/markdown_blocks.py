@@ -59,8 +59,10 @@ class _Lines:
         """Lines up to and including the first one (after the current) that `ends`
         accepts; to the end if none does."""
         taken = [self.take()]
-        while self.more() and not ends(taken[-1] if len(taken) > 1 else ""):
+        while self.more():
             taken.append(self.take())
+            if ends(taken[-1]):
+                break
         return taken
 
 
