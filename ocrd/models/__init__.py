@@ -1,0 +1,28 @@
+"""The OCR models ocrd can run: each one small module (its recipe, its answer's parser, its
+self-check page); nothing else names a model."""
+
+from ocrd.models.recipe import (
+    ImageRule,
+    ImageSize,
+    Model,
+    NgramGuard,
+    Pipeline,
+    Prompt,
+    Sampling,
+    SelfCheck,
+)
+from ocrd.models.registry import DEFAULT, model, models
+
+__all__ = [
+    "DEFAULT",
+    "ImageRule",
+    "ImageSize",
+    "Model",
+    "NgramGuard",
+    "Pipeline",
+    "Prompt",
+    "Sampling",
+    "SelfCheck",
+    "model",
+    "models",
+]
