@@ -148,7 +148,11 @@ class Supervisor:
         """An unannounced check of a serving replica; it serves on meanwhile. One that
         fails it is taken out of rotation (garbled, asked again later like any)."""
         assert self.gate is not None
-        result = await self.gate.read_test_page(replica)
+        try:
+            result = await self.gate.read_test_page(replica)
+        except ReplicaUnavailable as error:  # busy or failing: its pages' requests tell
+            self.log.info("engine.self_check_unanswered", replica=replica.name, error=str(error))
+            return  # whether it is down; the next unannounced check comes as planned
         replica.self_check = result
         words = f"{result.words_found}/{result.words_expected}"
         if result.passed:
