@@ -30,6 +30,7 @@ import hashlib
 import io
 import json
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,8 +48,11 @@ def free_port() -> int:
 
 
 class StandInFleetServer:
-    def __init__(self, delay: float = 0.2, api_key: str | None = None) -> None:
+    def __init__(
+        self, delay: float = 0.2, api_key: str | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.port = free_port()
+        self.tls = tls  # serve https with this (server-side) context
         self.delay = delay
         self.api_key = api_key
         self.refuse_pages = False
@@ -68,6 +72,9 @@ class StandInFleetServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    def https_url(self, host: str) -> str:
+        return f"https://{host}:{self.port}/v1"
 
     def start(self) -> None:
         fleet = self
@@ -125,6 +132,8 @@ class StandInFleetServer:
         ThreadingHTTPServer.allow_reuse_address = True
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
+        if self.tls is not None:  # a handshake that fails never reaches the handler
+            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self._server = server
 

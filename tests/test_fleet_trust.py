@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -283,3 +285,63 @@ def test_trust_settings_that_cannot_hold_are_config_errors(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         OpenAiConfig.model_validate(settings)
+
+
+def certificates(folder: Path) -> tuple[Path, ssl.SSLContext]:
+    """A private CA (its PEM file) and a server context whose certificate, signed by it,
+    names only `localhost` (made with the openssl command)."""
+
+    def openssl(command: str) -> None:
+        subprocess.run(["openssl", *command.split()], cwd=folder, check=True, capture_output=True)
+
+    (folder / "names.ext").write_text(
+        "subjectAltName=DNS:localhost\nauthorityKeyIdentifier=keyid\n"
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+    )
+    openssl("req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=ca -keyout ca.key -out ca.pem")
+    openssl("req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr")
+    openssl(
+        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+        "-extfile names.ext -out server.pem"
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(folder / "server.pem", folder / "server.key")
+    return folder / "ca.pem", context
+
+
+def test_with_require_tls_a_server_is_reached_only_under_the_name_its_certificate_carries(
+    tmp_path: Path,
+) -> None:
+    ca, context = certificates(tmp_path)
+    named, misnamed = StandInFleetServer(0.05, KEY, context), StandInFleetServer(0.05, KEY, context)
+    named.start()
+    misnamed.start()
+
+    async def scenario() -> tuple[list[str], list[Any]]:
+        config = OpenAiConfig(
+            base_urls=(named.https_url("localhost"), misnamed.https_url("127.0.0.1")),
+            model="stand-in",
+            require_tls=True,
+            tls_ca=str(ca),
+            retry_backoff_seconds=5.0,
+        )
+        engine = create_engine(EngineConfig(kind="openai", openai=config), "openai")
+        await engine.start()
+        try:
+            texts = [await engine.recognise(page(n), PromptMode.text) for n in (1, 2)]
+            return [t.text for t in texts], engine.replicas
+        finally:
+            await engine.stop()
+
+    with pytest.MonkeyPatch.context() as environment:
+        environment.setenv("OCRD_OPENAI_API_KEY", KEY)
+        try:
+            texts, replicas = asyncio.run(asyncio.wait_for(scenario(), 60))
+        finally:
+            named.stop()
+            misnamed.stop()
+
+    assert all("Image digest" in text for text in texts)  # answered over https, verified
+    assert len(named.posts) >= 3 and misnamed.requests == []  # not even the key went there
+    state = {r.name: r for r in replicas}[misnamed.https_url("127.0.0.1")]
+    assert state.state.value == "down" and "certificate" in (state.problem or "").lower()
