@@ -88,7 +88,7 @@ class OpenAiEngine(Router):
             else None
         )
         self._following: asyncio.Task[None] | None = None
-        self._refused_seen: list[str] = []
+        self._refused_seen: dict[str, Refusal] = {}
 
     def _server(self, url: str, name: str | None = None) -> Replica:
         link = ServerLink(
@@ -124,11 +124,11 @@ class OpenAiEngine(Router):
                 await self.registry.refresh()
             except Exception:  # a bug must not end the following silently
                 self.log.exception("engine.registry_error", router=self.registry.link.root)
-            if self._refused_seen != list(self.registry.refused):
-                self._refused_seen = list(self.registry.refused)
-                self.supervisor.judge()
-                for callback in self.supervisor.on_change:  # the status shows them
-                    for refusal in self.registry.refused.values():
+            if self._refused_seen != self.registry.refused:  # the status shows them
+                changed = {**self._refused_seen, **self.registry.refused}.values()
+                self._refused_seen = dict(self.registry.refused)
+                for callback in self.supervisor.on_change:
+                    for refusal in changed:
                         callback(_refused_facts(refusal))
             if self.supervisor.fleet_problem != self.registry.problem:
                 self.supervisor.fleet_problem = self.registry.problem
