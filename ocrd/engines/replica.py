@@ -86,6 +86,7 @@ class RouterSettings:
     send_priority: bool = False  # the servers schedule by priority (ocrd started them)
     local: bool = False  # ocrd started the replicas: if none ever starts, start() fails
     what_to_do_when_garbled: str = ""
+    self_check_repeat: float = 0.0  # mean seconds between unannounced checks (0: none)
 
 
 def settle(future: asyncio.Future[None] | None) -> None:
