@@ -98,6 +98,7 @@ def run_one(name: str, image_path: Path, max_tokens: int) -> dict[str, object]:
         page_seconds = time.perf_counter() - started
         completion = output.outputs[0]
         placeholders = output.prompt_token_ids.count(model.image_token_id)
+        llm.llm_engine.engine_core.shutdown()
         del llm
     return {
         "model": name,

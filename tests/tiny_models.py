@@ -56,9 +56,7 @@ class TinyModel:
 
     def prompt(self, instruction: str) -> str:
         """A one-image user turn in the model's own chat format, ready for generation."""
-        return (
-            f"<|im_start|>user\n{self.image_marker}{instruction}<|im_end|>\n<|im_start|>assistant\n"
-        )
+        return self.prompt_format.format(image=self.image_marker, instruction=instruction)
 
 
 def engine_arguments(model: TinyModel, **overrides: object) -> dict[str, object]:
@@ -99,12 +97,12 @@ def resized_to_grid(
     return new_w, new_h
 
 
-def qwen_vl_tokens(patch_size: int) -> Callable[[int, int], int]:
+def qwen_vl_tokens(patch_size: int, min_pixels: int, max_pixels: int) -> Callable[[int, int], int]:
     """One token per merged 2x2 patch of the resized image."""
     factor = patch_size * 2
 
     def count(width: int, height: int) -> int:
-        new_w, new_h = resized_to_grid(width, height, factor, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS)
+        new_w, new_h = resized_to_grid(width, height, factor, min_pixels, max_pixels)
         return (new_w // factor) * (new_h // factor)
 
     return count
@@ -262,8 +260,9 @@ def build_qwen2_5_vl(folder: Path) -> TinyModel:
         folder,
         "Qwen2_5_VLForConditionalGeneration",
         ids["<|image_pad|>"],
+        CHATML_PROMPT,
         QWEN_IMAGE_MARKER,
-        qwen_vl_tokens(14),
+        qwen_vl_tokens(14, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS),
     )
 
 
@@ -489,8 +488,92 @@ def build_glm_ocr(folder: Path) -> TinyModel:
     )
 
 
+# --- Qwen3-VL (Chandra 2) ------------------------------------------------------------------
+
+QWEN3_MIN_PIXELS = 256 * 256
+QWEN3_MAX_PIXELS = 4096 * 4096
+
+
+def build_qwen3_vl(folder: Path) -> TinyModel:
+    """Chandra 2's architecture: Qwen3-VL, 16 px patches, learned position embeddings
+    interpolated to the page's grid, DeepStack features from inner vision layers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = build_tokenizer(folder, QWEN_SPECIAL_TOKENS, "Qwen2TokenizerFast")
+    image_settings = {
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "size": {"shortest_edge": QWEN3_MIN_PIXELS, "longest_edge": QWEN3_MAX_PIXELS},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "processor_class": "Qwen3VLProcessor",
+    }
+    write_json(
+        folder,
+        "preprocessor_config.json",
+        {"image_processor_type": "Qwen2VLImageProcessorFast", **image_settings},
+    )
+    write_json(
+        folder,
+        "video_preprocessor_config.json",
+        {"video_processor_type": "Qwen3VLVideoProcessor", "fps": 2, **image_settings},
+    )
+    write_json(folder, "chat_template.json", {"chat_template": chat_template(QWEN_IMAGE_MARKER)})
+    text = qwen_text_config(ids, model_type="qwen3_vl_text", head_dim=32)
+    text.pop("tie_word_embeddings")
+    config = {
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "text_config": {
+            **text,
+            "attention_bias": False,
+            # interleaved M-RoPE over the rotary half (16 for head_dim 32; [24, 20, 20] of 64)
+            "rope_scaling": {
+                "rope_type": "default",
+                "mrope_section": [6, 5, 5],
+                "mrope_interleaved": True,
+            },
+        },
+        "vision_config": {
+            "model_type": "qwen3_vl",
+            "depth": 2,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "intermediate_size": 128,
+            "hidden_act": "gelu_pytorch_tanh",
+            "out_hidden_size": TEXT_HIDDEN,
+            "in_channels": 3,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [0],
+        },
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+    }
+    write_json(folder, "config.json", config)
+    return TinyModel(
+        folder,
+        "Qwen3VLForConditionalGeneration",
+        ids["<|image_pad|>"],
+        CHATML_PROMPT,
+        QWEN_IMAGE_MARKER,
+        qwen_vl_tokens(16, QWEN3_MIN_PIXELS, QWEN3_MAX_PIXELS),
+    )
+
+
 BUILDERS: dict[str, Callable[[Path], TinyModel]] = {
     "qwen2_5_vl": build_qwen2_5_vl,
     "lightonocr": build_lightonocr,
     "glm_ocr": build_glm_ocr,
+    "qwen3_vl": build_qwen3_vl,
 }
