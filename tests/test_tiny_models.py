@@ -88,7 +88,9 @@ def test_the_prompt_holds_the_models_placeholder_tokens_for_each_image_size(
 def test_the_chat_template_writes_the_prompt_the_engine_was_given(reading: Reading) -> None:
     from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(reading.model.folder)
+    processor = AutoProcessor.from_pretrained(
+        reading.model.folder, trust_remote_code=reading.model.trust_remote_code
+    )
     messages = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": INSTRUCTION}]}
     ]
