@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from harness import REPO
+from PIL import Image
 
 sys.path.insert(0, str(REPO / "tests"))
 from tiny_model import cpu_preload
@@ -73,9 +74,7 @@ class PeakMemory:
         self._thread.join()
 
 
-def page_image(path: Path) -> object:
-    from PIL import Image
-
+def page_image(path: Path) -> Image.Image:
     image = Image.open(path).convert("RGB")
     image.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
     return image
@@ -103,10 +102,10 @@ def run_one(name: str, image_path: Path, max_tokens: int) -> dict[str, object]:
     return {
         "model": name,
         "architecture": model.architecture,
-        "image": f"{image.width}x{image.height}",  # type: ignore[attr-defined]
+        "image": f"{image.width}x{image.height}",
         "prompt_tokens": len(output.prompt_token_ids),
         "image_tokens": placeholders,
-        "expected_image_tokens": model.image_tokens(image.width, image.height),  # type: ignore[attr-defined]
+        "expected_image_tokens": model.image_tokens(image.width, image.height),
         "generated_tokens": len(completion.token_ids),
         "finish_reason": completion.finish_reason,
         "engine_start_s": round(start_seconds, 1),
