@@ -1,7 +1,7 @@
 """One page through each tiny OCR model on real vLLM (CPU, random weights): engine start
 time, time a page, peak memory, and the prompt's size.
 
-    python benchmarks/tiny_models.py [qwen2_5_vl lightonocr ...] [--image PNG] [--max-tokens 32]
+    python benchmarks/tiny_engines.py [qwen2_5_vl lightonocr ...] [--image PNG] [--max-tokens 32]
 
 Each architecture runs in its own child process, one after the other (one engine at a time:
 each wants most of a 2-core machine and a few GB). The child builds the model folder of
