@@ -25,6 +25,7 @@ from pathlib import Path
 from ocrd import __version__
 from ocrd.config import Config, ConfigError, checks, load_config
 from ocrd.config.reload import plan_reload
+from ocrd.config.strict import strict_mode_problems
 from ocrd.documents.dispatch import Dispatcher
 from ocrd.documents.document import DocumentRunner
 from ocrd.documents.pipeline import Pipeline
@@ -183,7 +184,7 @@ class Service:
         if self.config_path is None:
             raise ConfigError("no configuration file to re-read")
         new = load_config(self.config_path)
-        problems = checks.problems(new)
+        problems = strict_mode_problems(self.config_path, new) + checks.problems(new)
         if problems:
             raise ConfigError("\n".join(problems))
         return new
