@@ -1,5 +1,7 @@
 """The interactive API page at `/docs` (Swagger UI, served from the files of the pinned
-`swagger-ui-bundle-v2` package: no CDN, nothing fetched from elsewhere), and the OpenAPI 3.1
+`swagger-ui-bundle-v2` package: no CDN, no validator, no request to anywhere but ocrd; its
+files need no token, the descriptions and API calls the page makes send the token it was
+opened with, `/docs?token=...`), and the OpenAPI 3.1
 description of docling-serve's routes as ocrd serves them at `/openapi.json` (where
 docling-serve serves its own); the page shows it and the documents API's
 (`/api/openapi.json`)."""
@@ -39,6 +41,9 @@ PAGE = """<!DOCTYPE html>
 </html>
 """
 INITIALIZER = """window.onload = function () {
+  // The token the browser came with (/docs?token=...), sent with the page's own requests
+  // to this server only: the descriptions, and "Try it out" from a host other than loopback.
+  var token = new URLSearchParams(window.location.search).get("token");
   window.ui = SwaggerUIBundle({
     urls: [
       {url: "/openapi.json", name: "docling-serve API (v1)"},
@@ -46,6 +51,15 @@ INITIALIZER = """window.onload = function () {
     ],
     dom_id: "#swagger-ui",
     deepLinking: true,
+    // Swagger UI's default sends the description's URL to validator.swagger.io: none.
+    validatorUrl: null,
+    requestInterceptor: function (request) {
+      var here = new URL(request.url, window.location.href).origin === window.location.origin;
+      if (token && here && !request.headers.Authorization) {
+        request.headers.Authorization = "Bearer " + token;
+      }
+      return request;
+    },
     presets: [SwaggerUIBundle.presets.apis, SwaggerUIStandalonePreset],
     layout: "StandaloneLayout"
   });

@@ -56,6 +56,7 @@ LINGERING_SECONDS = 1.0  # after the answer, how long a body nobody reads may st
 HEALTH_PATHS = frozenset({b"/healthz", b"/readyz", b"/metrics", b"/health"})
 UNGUARDED_PATHS = frozenset({"/healthz", "/readyz", "/health"})  # a load balancer's: no token
 DOCLING_PREFIX = "/v1/"
+API_PAGE = "/docs"  # the page and Swagger UI's files; what it fetches from ocrd sends the token
 PEEK_SECONDS = 2.0  # a connection beyond the limit must say what it asks for within this
 MAX_REQUEST_LINE = 8192
 BUSY = (
@@ -321,6 +322,8 @@ class WebServer:
             return await handler(request)
         if request.path in UNGUARDED_PATHS and not self.config.health_needs_token:
             return await handler(request)  # what a load balancer asks, and nothing more
+        if request.path == API_PAGE or request.path.startswith(f"{API_PAGE}/"):
+            return await handler(request)  # Swagger UI's own files: as public as on PyPI
         if self.config.trust_loopback and _loopback(request.remote or ""):
             return await handler(request)
         if self.token is None:  # refused at start; never serve without the token asked for
