@@ -21,6 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from ocrd import __version__
 from ocrd.config import Config, ConfigError, checks, load_config
@@ -319,10 +320,19 @@ def replica_status(facts: ReplicaFacts) -> ReplicaStatus:
         restarts=facts.restarts,
         deaths_with_pages=facts.deaths_with_pages,
         self_check=f"read {check.words_found} of {check.words_expected} words" if check else None,
-        self_check_passed=check.passed if check else False,
+        self_check_passed=check.passed if check and facts.self_checks else None,
+        self_check_state=_self_check_state(facts),
         problem=facts.problem,
         pid=facts.pid,
     )
+
+
+def _self_check_state(facts: ReplicaFacts) -> Literal["none", "pending", "passed", "failed"]:
+    if not facts.self_checks:
+        return "none"
+    if facts.self_check is None:
+        return "pending"
+    return "passed" if facts.self_check.passed else "failed"
 
 
 def _due(tick: int, seconds: float) -> bool:
