@@ -20,12 +20,15 @@ document), so such refusals (400, 422, documented) are not faults.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from conftest import DaemonProcess, write_config
-from hypothesis import HealthCheck, Phase, given, settings
+from helpers import make_pdf
+from hypothesis import HealthCheck, Phase, example, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
@@ -81,8 +84,19 @@ def operations(description: dict[str, Any]) -> list[Any]:
     ]
 
 
+@dataclass(frozen=True)
+class Served:
+    """The daemon under test, and a document it converted (so that the routes that read a
+    document answer 200 to some requests, not only 404)."""
+
+    url: str
+    document: str  # its id
+    markdown: str  # its Markdown's name, as `/api/documents/{id}/{name}` serves it
+    task: str  # a docling task's id
+
+
 @pytest.fixture(scope="module")
-def daemon_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("contract")
     config = write_config(
         folder,
@@ -93,20 +107,51 @@ def daemon_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         [listening] = daemon.wait_for("http.listening")
         daemon.wait_for("daemon.ready")
-        yield f"http://{listening['address']}"
+        url = f"http://{listening['address']}"
+        pdf = make_pdf(folder / "letter.pdf", 1).read_bytes()
+        upload = httpx.post(
+            f"{url}/api/documents", headers=AUTHORISED, files={"file": ("letter.pdf", pdf)}
+        )
+        assert upload.status_code == 202, upload.text
+        task = httpx.post(
+            f"{url}/v1/convert/file/async", headers=AUTHORISED, files={"files": ("t.pdf", pdf)}
+        )
+        assert task.status_code == 200, task.text
+        document = upload.json()["id"]
+        done = httpx.get(f"{url}/api/documents/{document}?wait=60", headers=AUTHORISED, timeout=70)
+        assert done.json()["state"] == "done", done.text
+        yield Served(url, document, "letter.md", task.json()["task_id"])
         assert daemon.stop() == 0, daemon.output()
     finally:
         daemon.kill()
 
 
-def keeps_to_its_description(base_url: str, description_path: str, label: str) -> None:
-    """Schemathesis' checks on `label`'s operation, as the daemon describes it."""
+def known_paths(served: Served) -> list[dict[str, str]]:
+    """Path parameters naming what the daemon has: its document, output and task."""
+    return [
+        {"id": served.document},
+        {"id": served.document, "name": served.markdown},
+        {"id": served.document, "folder": "letter.assets", "name": "none.png"},
+        {"task_id": served.task},
+    ]
+
+
+def keeps_to_its_description(served: Served, description_path: str, label: str) -> None:
+    """Schemathesis' checks on `label`'s operation, as the daemon describes it: requests
+    drawn from the description, and first those naming what the daemon has."""
+    base_url = served.url
     schema = schemathesis.openapi.from_url(f"{base_url}{description_path}", headers=AUTHORISED)
     operation = schema.find_operation_by_label(label)
     assert operation is not None, f"{label} is not in {description_path}"
     cases = operation.as_strategy(generation_mode=GenerationMode.POSITIVE) | (
         operation.as_strategy(generation_mode=GenerationMode.NEGATIVE)
     )
+    names = {p["name"] for p in operation.definition.raw.get("parameters", []) if p["in"] == "path"}
+    known = [
+        operation.Case(path_parameters=parameters)
+        for parameters in known_paths(served)
+        if names and set(parameters) == names
+    ]
 
     @given(case=cases)
     @settings(
@@ -125,33 +170,34 @@ def keeps_to_its_description(base_url: str, description_path: str, label: str) -
             timeout=60,
         )
 
+    for case in known:
+        answer = example(case=case)(answer)
     answer()
 
 
 @pytest.mark.parametrize("label", operations(describe_api(HttpConfig())))
-def test_the_documents_api_keeps_to_its_description(daemon_url: str, label: str) -> None:
-    keeps_to_its_description(daemon_url, "/api/openapi.json", label)
+def test_the_documents_api_keeps_to_its_description(served: Served, label: str) -> None:
+    keeps_to_its_description(served, "/api/openapi.json", label)
 
 
 @pytest.mark.parametrize("label", operations(apidocs.describe()))
-def test_docling_serves_routes_keep_to_their_description(daemon_url: str, label: str) -> None:
-    keeps_to_its_description(daemon_url, "/openapi.json", label)
+def test_docling_serves_routes_keep_to_their_description(served: Served, label: str) -> None:
+    keeps_to_its_description(served, "/openapi.json", label)
 
 
-def test_the_described_routes_are_the_ones_tested(daemon_url: str) -> None:
+def test_the_described_routes_are_the_ones_tested(served: Served) -> None:
     """The descriptions the daemon serves are valid OpenAPI and list the routes this
     module's parameters name."""
-    import httpx
     from openapi_spec_validator import validate
 
     for path, expected in (
         ("/api/openapi.json", describe_api(HttpConfig())),
         ("/openapi.json", apidocs.describe()),
     ):
-        served = httpx.get(f"{daemon_url}{path}", headers=AUTHORISED, timeout=30)
-        assert served.status_code == 200
-        validate(served.json())
-        assert sorted(served.json()["paths"]) == sorted(expected["paths"])
+        answer = httpx.get(f"{served.url}{path}", headers=AUTHORISED, timeout=30)
+        assert answer.status_code == 200
+        validate(answer.json())
+        assert sorted(answer.json()["paths"]) == sorted(expected["paths"])
 
 
 MULTIPART = {"Content-Type": "multipart/form-data; boundary=XX"}
@@ -185,14 +231,13 @@ TARGET_NOT_AN_OBJECT = (
     ],
 )
 def test_malformed_requests_schemathesis_found_are_refused_with_a_reason(
-    daemon_url: str, path: str, headers: dict[str, str], body: bytes
+    served: Served, path: str, headers: dict[str, str], body: bytes
 ) -> None:
     """The requests behind the faults found (so their fix is checked whatever examples
     the fuzzing draws): a client error that says what is wrong, never a 500."""
-    import httpx
 
     answer = httpx.post(
-        f"{daemon_url}{path}", headers={**AUTHORISED, **headers}, content=body, timeout=60
+        f"{served.url}{path}", headers={**AUTHORISED, **headers}, content=body, timeout=60
     )
     assert 400 <= answer.status_code < 500, answer.text
     reason = answer.json()
