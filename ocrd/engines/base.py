@@ -139,6 +139,9 @@ class ReplicaFacts:
     self_check: SelfCheckResult | None
     problem: str | None
     pid: int | None  # its process (local replicas)
+    # False where it reads no test page before work: an engine without a self-check
+    # (RapidOCR, simulated), or one with `engine.self_check` off.
+    self_checks: bool = True
 
 
 class Engine(Protocol):
@@ -190,6 +193,7 @@ class InProcess:
     health: EngineHealth
     page_folder: Path | None = None  # pages come as pixels, in this process
     self_check_result: SelfCheckResult | None = None
+    self_checks: bool = True  # see ReplicaFacts.self_checks
     _in_flight: int = 0
     _done: int = 0
     _failed: int = 0
@@ -221,6 +225,7 @@ class InProcess:
                 self_check=self.self_check_result,
                 problem=self.health.problem,
                 pid=os.getpid(),
+                self_checks=self.self_checks,
             )
         ]
 

@@ -51,6 +51,7 @@ class VllmEngine(InProcess):
         self.config = config
         self.sampling = sampling
         self.self_check = self_check
+        self.self_checks = self_check
         self.health = EngineHealth()
         self._engine: Any = None
         self._params: Any = None

@@ -365,7 +365,23 @@ class DoclingApi:
         return web.json_response(body, dumps=functools.partial(json.dumps, ensure_ascii=False))
 
     async def health(self, request: web.Request) -> web.Response:
+        """docling-serve's answer while conversions are taken; 503 naming why while every
+        one would be refused (no inbox takes uploads, no token), so that a client's or a
+        load balancer's health check sends no work here."""
+        try:
+            self._admit_anyone()
+        except UploadRefused as refused:
+            return web.json_response(
+                {"status": "unavailable", "detail": refused.reason}, status=503
+            )
         return web.json_response({"status": "ok"})
+
+    def _admit_anyone(self) -> None:
+        if self.api.token is None:
+            raise UploadRefused(
+                403, f"converting needs a token, and {self.config.token_env} is not set"
+            )
+        self._inbox()
 
 
 def serve_docling_api(
@@ -375,7 +391,7 @@ def serve_docling_api(
     server runs."""
     tasks = Tasks(documents, lambda: documents.config)
     DoclingApi(api, tasks, config).add_routes(app.router)
-    apidocs.add_routes(app.router, apidocs.describe())
+    apidocs.add_routes(app.router, apidocs.describe(bool(config.docling.url_hosts)))
 
     async def tidying(app: web.Application) -> AsyncIterator[None]:
         async with tasks.tidying():
