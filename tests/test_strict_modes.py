@@ -17,7 +17,9 @@ import pytest
 import yaml
 from conftest import write_config
 from helpers import make_pdf
-from users import PEOPLE, SERVICE, ensure_users, give
+from users import PEOPLE, SERVICE, SHARE, ensure_users, give, uid
+
+from ocrd.files.permissions import others_may_write
 
 OUTSIDER = PEOPLE[0]
 
@@ -176,3 +178,20 @@ def test_a_configuration_its_user_cannot_read_exits_78_naming_the_file(
         )
     assert result.returncode == 78, result.stderr
     assert f"{config}: cannot read the configuration file (Permission denied)" in result.stderr
+
+
+@pytest.mark.users
+def test_a_configuration_writable_by_its_owners_private_group_is_accepted(
+    tmp_path: Path,
+) -> None:
+    """A user private group (Debian's and Ubuntu's one group per user, files made with
+    umask 002) lets nobody else write: the service user's configuration 0664 in its own
+    group is accepted, as Debian's sshd accepts it, and refused once in the people's group."""
+
+    ensure_users()
+    config = tmp_path / "config.yaml"
+    config.write_text("inboxes: []\n")
+    give(config, SERVICE, 0o664, group=SERVICE)
+    assert others_may_write(config, os.lstat(config), uid(SERVICE)) is None
+    give(config, SERVICE, 0o664, group=SHARE)
+    assert others_may_write(config, os.lstat(config), uid(SERVICE)) == "its group may write it"
