@@ -18,9 +18,10 @@ import pytest
 from conftest import wait_until
 from test_docling_api import KEY, convert, settled
 from test_group_member import as_user, uploading_as_service
+from test_http import base_url
 from test_shared_folder import make_text_pdf
-from test_uploads import AUTH, uploading_daemon
-from users import Runtime
+from test_uploads import AUTH, WITH_TOKEN, uploading_daemon
+from users import SERVICE, Runtime
 
 pytestmark = pytest.mark.slow
 
@@ -240,3 +241,29 @@ def test_a_base64_source_is_decoded_as_it_arrives_within_half_its_size_again(
     assert grown < 1.5 * len(data), f"grew {grown / 2**20:.0f} MiB for {len(data) / 2**20:.0f} MiB"
     [arrived] = (tmp_path / "data" / "inbox" / "uploads").glob("*/big.pdf")
     assert arrived.read_bytes() == data
+
+
+@pytest.mark.users
+def test_an_uploads_folder_renamed_while_ocrd_is_stopped_is_found_again(
+    shared_root: Path, runtime: Runtime, start_daemon: Any
+) -> None:
+    """alice renames `uploads` (and makes her own) while ocrd is stopped with a task
+    waiting: the next ocrd sets hers aside, renames its own back (by the records of ocrd's
+    in it) and converts the task as the upload it is; its poll never says 404."""
+    daemon, url, data = uploading_as_service(shared_root, runtime, start_daemon, settle_seconds=8)
+    inbox = data / "inbox"
+    task_id = submit(url, make_text_pdf(shared_root / "letter.pdf", "Letter waiting"))
+    assert daemon.stop() == 0
+    stolen = as_user("alice", STEAL, str(inbox))
+    assert stolen.stdout.strip() == "stolen", stolen.stderr
+    again = start_daemon(shared_root / "config.yaml", env=WITH_TOKEN, runtime=runtime, user=SERVICE)
+    url = base_url(again)
+    again.wait_for("daemon.ready", timeout=60)
+    [moved] = wait_until(lambda: again.find("uploads.moved_back"), 30, "the folder put back")
+    assert moved["found_at"] == str(inbox / "stolen")
+    assert again.find("uploads.set_aside")
+    assert settled(url, task_id, timeout=120)["task_status"] == "success"
+    result = httpx.get(f"{url}/v1/result/{task_id}", timeout=30).json()
+    assert "Letter waiting" in result["document"]["md_content"]
+    assert not (data / "outbox" / "stolen").exists()
+    assert again.stop() == 0

@@ -10,8 +10,9 @@ tidying round looks whether `<inbox>/uploads` is still that folder. Where it is 
   `uploads.set-aside-<time>` in the inbox, and logged (`uploads.set_aside`);
 - the folder held open, wherever it was renamed to in the inbox, is renamed back and
   logged (`uploads.moved_back`): its uploads wait again where they belong;
-- where there is none to rename back (ocrd had not held one yet, or it went), a new one
-  is made.
+- where ocrd held none yet (it was stopped meanwhile), a folder of ocrd's in the inbox
+  holding its uploads (with ocrd's records) is renamed back;
+- where there is none to rename back, a new one is made.
 
 Uploads moved away meanwhile are never converted from where they lie
 (`ocrd/intake/claiming.py` refuses any file beside an upload's record outside
@@ -32,6 +33,7 @@ from ocrd.config import UPLOADS_FOLDER
 from ocrd.files.beneath import DIRECTORY, OPEN_FOLDERS, descriptors_named
 from ocrd.files.dropped import printable
 from ocrd.log import get_logger
+from ocrd.uploads.receiving import RECORD, UPLOAD_ID
 
 SET_ASIDE = "uploads.set-aside-"
 
@@ -77,7 +79,12 @@ class UploadsGuard:
         if here is not None and not _ours(here):
             self._set_aside(inbox, root, "it is not a folder of ocrd's user")
             here = None
-        if here is None:
+        renamed = _renamed_uploads(root) if here is None else None
+        if renamed is not None:  # renamed while no ocrd held it (it was stopped)
+            os.rename(renamed, UPLOADS_FOLDER, src_dir_fd=root, dst_dir_fd=root)
+            os.fsync(root)
+            self._moved_back(inbox, inbox / renamed)
+        elif here is None:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(UPLOADS_FOLDER, 0o700, dir_fd=root)
         with contextlib.suppress(OSError):  # what lies there now is uploads_folder's to judge
@@ -104,6 +111,9 @@ class UploadsGuard:
             self._set_aside(inbox, root, "the uploads folder was renamed and this put there")
         os.rename(where.name, UPLOADS_FOLDER, src_dir_fd=root, dst_dir_fd=root)
         os.fsync(root)
+        self._moved_back(inbox, where)
+
+    def _moved_back(self, inbox: Path, where: Path) -> None:
         self.log.warning(
             "uploads.moved_back",
             inbox=str(inbox),
@@ -128,6 +138,32 @@ class UploadsGuard:
         fd = self._held.pop(key, None)
         if fd is not None:
             os.close(fd)
+
+
+def _renamed_uploads(root: int) -> str | None:
+    """A folder of ocrd's in the inbox holding uploads (a folder named as an upload, with
+    ocrd's record of it): the uploads folder, renamed."""
+    for name in os.listdir(root):
+        with contextlib.suppress(OSError):
+            info = os.stat(name, dir_fd=root, follow_symlinks=False)
+            private = _ours(info) and info.st_mode & 0o077 == 0
+            if name != UPLOADS_FOLDER and private and _holds_uploads(root, name):
+                return name
+    return None
+
+
+def _holds_uploads(root: int, name: str) -> bool:
+    folder = os.open(name, DIRECTORY, dir_fd=root)
+    try:
+        for entry in os.listdir(folder):
+            if UPLOAD_ID.match(entry):
+                with contextlib.suppress(OSError):
+                    info = os.stat(f"{entry}/{RECORD}", dir_fd=folder, follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                        return True
+        return False
+    finally:
+        os.close(folder)
 
 
 def _lstat(root: int) -> os.stat_result | None:
