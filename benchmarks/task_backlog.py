@@ -16,6 +16,7 @@ arrival to its document finished. Median and worst seconds are printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -47,8 +48,8 @@ def submit(url: str, pdf: bytes, count: int) -> list[str]:
 
 
 def poll_forever(url: str, task_id: str, stop: threading.Event) -> None:
-    with httpx.Client(timeout=120) as client:
-        while not stop.is_set():
+    with httpx.Client(timeout=120) as client, contextlib.suppress(httpx.HTTPError):
+        while not stop.is_set():  # (until the daemon stops)
             client.get(f"{url}/v1/status/poll/{task_id}", params={"wait": 60})
 
 
@@ -70,7 +71,7 @@ def run(tasks: int, pollers: int, requests: int, tree: Path) -> None:
         (folder / "data" / "other").mkdir(parents=True)
         inboxes = [
             {"path": "data/inbox", "uploads": True, "settle_seconds": 3600},
-            {"path": "data/other", "settle_seconds": 0.2},
+            {"path": "data/other", "settle_seconds": 0.2, "work": "data/work-other"},
         ]
         daemon = DaemonRun(
             folder,
