@@ -126,11 +126,15 @@ def _read(outputs: Outputs, parts: tuple[str, ...]) -> bytes | None:
 
 
 def unfinished_pages(outputs: Outputs) -> list[int]:
-    """The pages the engine left unfinished, from the layout file a task's document gets."""
-    layout = _read(outputs, (OutputFiles(Path(outputs.markdown)).layout.name,))
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        return [int(page) for page in json.loads(layout or b"{}").get("unfinished_pages", [])]
-    return []
+    """The pages the engine left unfinished, from the layout file a task's document gets
+    (each part's, where it was split)."""
+    pages: list[int] = []
+    for markdown in outputs.markdowns:
+        layout = _read(outputs, (OutputFiles(Path(markdown)).layout.name,))
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            listed = json.loads(layout or b"{}").get("unfinished_pages", [])
+            pages += [int(page) for page in listed]
+    return pages
 
 
 def waiting_tasks(inbox: InboxConfig) -> list[float]:
