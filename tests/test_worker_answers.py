@@ -3,8 +3,8 @@
 `/metrics` by size and syntax.
 
 The servers are hostile stand-ins (aiohttp on loopback, named as such: they read nothing),
-behind ocrd's real `openai` engine in a real daemon: they answer ocrd's self-check as a
-good server would, then answer pages with what an attacker sends.
+behind ocrd's real `openai` engine in a real daemon: they answer ocrd's test page (known by
+its pixels) as a good server would, and every other page with what an attacker sends.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import httpx
 import pytest
 from aiohttp import web
 from conftest import files_under, markdown_under, write_config
+from fleet import _is_test_page as is_test_page
 from fleet import free_port
 from helpers import make_pdf
 from prometheus_client.parser import text_string_to_metric_families
@@ -89,8 +90,8 @@ class HostileWorker:
         return web.Response(text=self.metrics, content_type="text/plain")
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
-        if request.headers.get("X-Request-Id", "").startswith("ocrd-self-check"):
+        body = await request.json()
+        if await asyncio.to_thread(is_test_page, body):  # known by its pixels
             from ocrd.engines.selfcheck import expected_text
 
             return web.json_response(completion(expected_text()))
