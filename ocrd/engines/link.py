@@ -23,6 +23,10 @@ PROBE_TIMEOUT_SECONDS = 10.0
 # Below uvicorn's keep-alive (vLLM's default 5 s), so that ocrd never sends a page on a
 # connection the server has just closed (which would look like a drop with the page in it).
 KEEPALIVE_SECONDS = 4.0
+# A page's answer is tens of KiB, a server's /metrics a few hundred; more is not an answer
+# (a hostile or broken server), and reading it all could take the daemon's memory.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+CHUNK_BYTES = 64 * 1024
 
 
 class LinkError(Exception):
@@ -37,10 +41,15 @@ class Dropped(LinkError):
     """The connection broke, or no answer came in time, with the request in flight."""
 
 
+class TooLarge(Dropped):
+    """The answer's body was larger than MAX_ANSWER_BYTES: the rest was not read."""
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
     body: bytes
+    location: str | None = None  # a redirect's Location header (never followed)
 
     @property
     def text(self) -> str:
@@ -134,8 +143,12 @@ class ServerLink:
                 json=body,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 10.0)),
+                # A redirect would carry the page (and, to the same host, the key) to a
+                # server the trusted set never judged: a 3xx is an answer, not a way on.
+                allow_redirects=False,
             ) as response:
-                return Answer(response.status, await response.read())
+                body_read = await _bounded_body(response, method, url)
+                return Answer(response.status, body_read, response.headers.get("Location"))
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
             raise Unreachable(_describe(error)) from error
         except FileNotFoundError as error:  # a Unix socket not there (yet)
@@ -144,6 +157,25 @@ class ServerLink:
             raise Dropped(f"no answer within {timeout:g} s") from error
         except (aiohttp.ClientError, ConnectionError) as error:
             raise Dropped(_describe(error)) from error
+
+
+async def _bounded_body(response: aiohttp.ClientResponse, method: str, url: str) -> bytes:
+    """The body, read in chunks and given up on past MAX_ANSWER_BYTES (also when the server
+    announces more), so that a huge or endless answer costs at most that much memory."""
+    too_large = TooLarge(
+        f"{method} {url} answered more than {MAX_ANSWER_BYTES // (1024 * 1024)} MiB; "
+        "not an answer of an inference server, the rest was not read"
+    )
+    if (response.content_length or 0) > MAX_ANSWER_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(CHUNK_BYTES):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _describe(error: BaseException) -> str:

@@ -40,6 +40,7 @@ class Failed(Exception):
     """The replica still serves, but this request failed."""
 
 
+REDIRECT = "ocrd follows no redirect: list the server under the URL that answers itself"
 MarkDown = Callable[[Replica, int, str], None]
 
 
@@ -71,6 +72,9 @@ class Sender:
                 raise Failed(f"{replica.name}: the answer is not JSON: {answer.text[:200]}")
             return page_text(answer.data, time.monotonic() - started, page)
         said = f"HTTP {status}: {answer.text[:300]}"
+        if 300 <= status < 400:  # not followed (link.py): the server is wrongly listed
+            self.mark_down(replica, generation, f"answers with a redirect ({said}); {REDIRECT}")
+            raise NeverSent
         if status in REFUSES_US:
             self.mark_down(replica, generation, f"refuses ocrd's {REFUSES_US[status]} ({said})")
             raise NeverSent
