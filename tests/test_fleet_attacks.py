@@ -367,3 +367,24 @@ def test_a_router_listing_thousands_of_workers_costs_a_bounded_fleet_and_log() -
     assert summary["count"] == len(strangers) + 44 - SHOWN_REFUSALS
     assert registry.problem is not None and len(registry.problem) < 2000
     assert f"and {len(strangers) + 44 - 3} more refused" in registry.problem
+
+
+def test_a_real_ocr_engine_reads_a_drawn_test_page_well_enough_to_pass() -> None:
+    # The drawn page must stay legible to a reader that knows nothing of how it was drawn.
+    from ocrd.config import PromptMode, RapidOcrConfig
+    from ocrd.domain import PageImage
+    from ocrd.engines.rapidocr import RapidOcrEngine
+
+    check = selfcheck.draw_check(random.Random(7))
+
+    async def read() -> str:
+        engine = RapidOcrEngine(RapidOcrConfig())
+        await engine.start()
+        try:
+            page = PageImage(1, check.image, 420, 315)
+            return (await engine.recognise(page, PromptMode.text)).text
+        finally:
+            await engine.stop()
+
+    score = check.score(asyncio.run(read()))
+    assert score.passed, score

@@ -21,6 +21,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from PIL import Image
 
@@ -122,19 +123,26 @@ def _without_tags(text: str) -> str:
 
 
 def check_page(table: tuple[tuple[str, ...], ...] = TABLE) -> Image.Image:
-    """The page, drawn as a PDF page and rendered to at most PAGE_SIDE pixels."""
+    """The page, drawn as a PDF page and rendered to at most PAGE_SIDE pixels (its text in
+    one TextWriter, its rules in one Shape: each check draws a page anew, so it is cheap)."""
     import pymupdf
 
     width, height = 420.0, 315.0  # points, 4:3
     document = pymupdf.open()
     try:
         page = document.new_page(width=width, height=height)
-        page.insert_text((28, 44), TITLE, fontsize=17, fontname="helv")
+        regular, bold = pymupdf.Font("helv"), pymupdf.Font("hebo")
+        writer = pymupdf.TextWriter(page.rect)
+        writer.append((28, 44), TITLE, font=regular, fontsize=17)
         y = 78.0
         for line in LINES:
-            page.insert_text((28, y), line, fontsize=12, fontname="helv")
+            writer.append((28, y), line, font=regular, fontsize=12)
             y += 20
-        _draw_table(page, table, (28, y + 8))
+        rules = page.new_shape()
+        _draw_table(writer, rules, table, (28, y + 8), (regular, bold))
+        rules.finish(width=0.8, color=(0, 0, 0))
+        rules.commit()
+        writer.write_text(page)
         zoom = PAGE_SIDE / max(width, height)
         pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False)
         return Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples)
@@ -146,22 +154,28 @@ TABLE_WIDTHS = (110.0, 70.0, 70.0)  # points
 TABLE_ROW = 21.0
 
 
-def _draw_table(page: object, table: tuple[tuple[str, ...], ...], at: tuple[float, float]) -> None:
-    import pymupdf
-
-    assert isinstance(page, pymupdf.Page)
+def _draw_table(
+    writer: Any,
+    rules: Any,
+    table: tuple[tuple[str, ...], ...],
+    at: tuple[float, float],
+    fonts: tuple[Any, Any],
+) -> None:
+    """The table's rules into the Shape `rules`, its cells into the TextWriter `writer`
+    (the header in the second font of `fonts`)."""
     (left, top), widths, row = at, TABLE_WIDTHS, TABLE_ROW
     right = left + sum(widths)
     bottom = top + row * len(table)
     for index in range(len(table) + 1):
-        page.draw_line((left, top + index * row), (right, top + index * row), width=0.8)
+        rules.draw_line((left, top + index * row), (right, top + index * row))
     x = left
     for width in (0.0, *widths):
         x += width
-        page.draw_line((x, top), (x, bottom), width=0.8)
+        rules.draw_line((x, top), (x, bottom))
     for r, cells in enumerate(table):
         x = left
         for width, cell in zip(widths, cells, strict=True):
-            font = "hebo" if r == 0 else "helv"
-            page.insert_text((x + 6, top + r * row + 15), cell, fontsize=11, fontname=font)
+            if cell:
+                font = fonts[1] if r == 0 else fonts[0]
+                writer.append((x + 6, top + r * row + 15), cell, font=font, fontsize=11)
             x += width
