@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ocrd import __version__
 from ocrd.config import Config, checks
-from ocrd.documents.dispatch import Admission, Dispatcher
+from ocrd.documents.dispatch import Admission, DocumentDispatcher
 from ocrd.documents.document import DocumentRunner
 from ocrd.documents.pipeline import Pipeline
 from ocrd.engines import (
@@ -42,7 +42,7 @@ from ocrd.sharing.instances import InstanceNameError, Instances, Stopped, instan
 from ocrd.sharing.leases import LeaseConflict
 from ocrd.signals import EarlySignals
 from ocrd.status import StatusReport
-from ocrd.supervise import Supervisor
+from ocrd.supervise import HealthWatch
 from ocrd.uploads.uploads import Uploads
 from ocrd.web.activity import Activity
 from ocrd.web.documents import Documents
@@ -73,7 +73,7 @@ class Daemon:
         self.log = get_logger()
         self.notifier = SystemdNotifier()
         self.activity = Activity()
-        self.supervisor = Supervisor(self.notifier, lambda _: self.fail())
+        self.health_watch = HealthWatch(self.notifier, lambda _: self.fail())
         self.metrics = Metrics(lambda: self.report())
         self.hooks = Hooks(lambda *labels: self.metrics.hooks.labels(*labels).inc())
         self.report: Callable[[], StatusReport] = lambda: StatusReport.loading(__version__)
@@ -136,7 +136,7 @@ class Daemon:
         self.log.info(
             "daemon.stopped",
             exit_code=self.exit_code,
-            loop_lag_worst_ms=round(self.supervisor.pulse.worst * 1000, 1),
+            loop_lag_worst_ms=round(self.health_watch.pulse.worst * 1000, 1),
         )
         return self.exit_code
 
@@ -147,7 +147,7 @@ class Daemon:
         web = WebServer(
             self.config.http,
             lambda: self.report(),
-            self.supervisor.pulse.liveness,
+            self.health_watch.pulse.liveness,
             self.metrics,
             self.uploads,
             self.documents,
@@ -181,9 +181,9 @@ class Daemon:
         except ValueError as error:  # e.g. engine.vllm.gpus names a GPU that is not there
             raise StartRefused(str(error)) from None
         try:
-            async with self.supervisor.loading(engine, choice.kind):
+            async with self.health_watch.loading(engine, choice.kind):
                 await engine.start()
-            self.supervisor.watch(engine)
+            self.health_watch.watch(engine)
             yield engine
         finally:
             await engine.stop()
@@ -208,7 +208,7 @@ class Daemon:
             self.hooks.document_finished,
         ]
         intake = Intake(self.instances)
-        dispatcher = Dispatcher(intake, runner, Admission(1), self.document_crashed)
+        dispatcher = DocumentDispatcher(intake, runner, Admission(1), self.document_crashed)
         service = Service(
             self.config,
             self.config_path,
@@ -217,7 +217,7 @@ class Daemon:
             runner,
             intake,
             dispatcher,
-            self.supervisor,
+            self.health_watch,
             self.activity,
             self.notifier,
             web,
@@ -282,7 +282,7 @@ class Daemon:
         """A document's task ended with an exception: a dead engine, or a bug that escaped
         the document's state machine. Either way a clean restart is the way on."""
         if isinstance(error, EngineDeadError):
-            self.supervisor.dead(error)
+            self.health_watch.dead(error)
             return
         self.log.error(
             "document.crashed",

@@ -1,7 +1,7 @@
 """Serving: the main loop, once every part runs.
 
 Each tick delegates: intake collects the files that became ready, the dispatcher claims
-and starts documents while there is room and the engine takes pages, the supervisor
+and starts documents while there is room and the engine takes pages, the health_watch
 watches the engine; at their intervals the inboxes are rescanned, the status reported and
 systemd's watchdog pinged (from this loop only, so a stuck loop stops the pings). SIGHUP
 asks for a reload, which the next tick applies. The status report is put together from
@@ -25,7 +25,7 @@ from pathlib import Path
 from ocrd import __version__
 from ocrd.config import Config, ConfigError, checks, load_config
 from ocrd.config.reload import plan_reload
-from ocrd.documents.dispatch import Dispatcher
+from ocrd.documents.dispatch import DocumentDispatcher
 from ocrd.documents.document import DocumentRunner
 from ocrd.documents.pipeline import Pipeline
 from ocrd.engines import Engine, EngineState, ReplicaFacts
@@ -41,7 +41,7 @@ from ocrd.status import (
     ReplicaStatus,
     StatusReport,
 )
-from ocrd.supervise import HEALTH_CHECK_SECONDS, Supervisor
+from ocrd.supervise import HEALTH_CHECK_SECONDS, HealthWatch
 from ocrd.web.activity import Activity
 from ocrd.web.server import WebServer
 
@@ -56,8 +56,8 @@ class Service:
     pipeline: Pipeline
     runner: DocumentRunner
     intake: Intake
-    dispatcher: Dispatcher
-    supervisor: Supervisor
+    dispatcher: DocumentDispatcher
+    health_watch: HealthWatch
     activity: Activity
     notifier: SystemdNotifier
     web: WebServer
@@ -83,7 +83,7 @@ class Service:
             before = loop.time()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), TICK_SECONDS)
-            self.supervisor.pulse.tick(max(0.0, loop.time() - before - TICK_SECONDS))
+            self.health_watch.pulse.tick(max(0.0, loop.time() - before - TICK_SECONDS))
             if self.stopping.is_set():
                 break
             await self.tick(tick)
@@ -94,7 +94,7 @@ class Service:
         A stop asked for meanwhile ends it after the step under way (claiming ends at once:
         the dispatcher looks before each claim)."""
         self.dispatcher.add(await self.intake.collect())
-        if self.supervisor.watch(self.engine):
+        if self.health_watch.watch(self.engine):
             self.report_status()
         if self.engine.health.state is EngineState.ready:
             await self.dispatcher.dispatch()
@@ -109,8 +109,8 @@ class Service:
         if _due(tick, pipeline.status_interval_seconds):
             self.report_status()
         if _due(tick, HEALTH_CHECK_SECONDS):
-            await self.supervisor.check(self.engine)
-        self.supervisor.ping_watchdog()
+            await self.health_watch.check(self.engine)
+        self.health_watch.ping_watchdog()
 
     async def drain(self) -> None:
         """No new files; in-flight documents get the grace period, the rest stay claimed."""
@@ -215,7 +215,7 @@ class Service:
 
     def problems(self) -> list[str]:
         """What keeps ocrd from being ready; empty when all is well."""
-        problems = self.supervisor.problems(self.engine)
+        problems = self.health_watch.problems(self.engine)
         if self.runner.storage.fault:
             problems.append(f"STORAGE FAULT, retrying: {self.runner.storage.fault}")
         problems += self.intake.problems()
@@ -257,7 +257,7 @@ class Service:
             waiting=self.intake.waiting_count() + len(self.dispatcher.jobs),
             documents_in_flight=self.dispatcher.running,
             pages_in_flight=self.pipeline.pages_in_flight,
-            loop_lag_worst_ms=round(self.supervisor.pulse.take_report() * 1000, 1),
+            loop_lag_worst_ms=round(self.health_watch.pulse.take_report() * 1000, 1),
         )
 
     def status_report(self) -> StatusReport:

@@ -85,7 +85,7 @@ def known_failure(job: Job) -> DocumentFailed | None:
     return None
 
 
-class Dispatcher:
+class DocumentDispatcher:
     def __init__(
         self,
         intake: Intake,

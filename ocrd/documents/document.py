@@ -118,14 +118,14 @@ class DocumentRunner:
             await self.settling.fail(route, claim, failure, started, log)
             return
         journal = PageJournal(claim.journal, claim.check_held)
-        attempt, begun = await asyncio.to_thread(_begun, claim, journal, route.options)
+        attempt = await asyncio.to_thread(claim.start_attempt)
         log.info("document.started", attempt=attempt, alone=alone)
         progress = Progress()
         self.in_flight[claim.id] = InFlight(
             claim.id, str(route.config.path), claim.state.relative_path, progress, alone
         )
         try:
-            outcome = await self._convert(route, claim, log, progress, started, journal, begun)
+            outcome = await self._convert(route, claim, log, progress, started, journal)
             claim.check_held()  # an original gone from a claim taken over did not vanish
             await self._settle(route, claim, outcome, started, log)
         except EngineDeadError as error:
@@ -160,14 +160,13 @@ class DocumentRunner:
         progress: Progress,
         arrival: float,
         journal: PageJournal,
-        begun: Begun | Exception,
     ) -> DocumentResult | DocumentFailed:
-        """Convert the claim from its sources as read when its attempt began (`begun`; a
-        scan job that changed meanwhile is listed and read anew for each further try)."""
+        """Convert the claim from its sources as read when its attempt begins (a scan job
+        that changed meanwhile is listed and read anew for each further try)."""
         try:
-            if isinstance(begun, Exception):
-                raise begun
-            (sources, before), first = begun
+            (sources, before), first = await asyncio.to_thread(
+                _begun, claim, journal, route.options
+            )
             read: Inputs | None = first  # the next try of a changed job reads them anew
             for attempt in range(1, JOB_CHANGES_TOLERATED + 2):
                 result = await self.pipeline.convert(
@@ -236,17 +235,11 @@ Listed = tuple[Sources, Snapshot]
 Begun = tuple[Listed, Inputs]  # what an attempt read before its first page
 
 
-def _begun(
-    claim: Claim, journal: PageJournal, settings: DocumentOptions
-) -> tuple[int, Begun | Exception]:
-    """The attempt counted (saved in the claim), the claim's sources listed and read, in
-    one thread hop; an error reading them is the conversion's (returned, raised there)."""
-    attempt = claim.start_attempt()
-    try:
-        listed = _listed(claim)
-        return attempt, (listed, read_inputs(listed[0], journal, settings, claim.scratch))
-    except Exception as error:
-        return attempt, error
+def _begun(claim: Claim, journal: PageJournal, settings: DocumentOptions) -> Begun:
+    """The claim's sources listed and read, in one thread hop (an error reading them is
+    the conversion's, raised where it handles its errors)."""
+    listed = _listed(claim)
+    return listed, read_inputs(listed[0], journal, settings, claim.scratch)
 
 
 def _listed(claim: Claim) -> Listed:

