@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ocrd.config import DocumentOptions
 from ocrd.documents import crashes, failures
-from ocrd.documents.pipeline import Pipeline, Progress
+from ocrd.documents.pipeline import DocumentContext, Pipeline, Progress
 from ocrd.documents.route import Route
 from ocrd.documents.settling import OriginalVanished, Settling, given_up
 from ocrd.documents.sources import Inputs, SourceKind, Sources, job_snapshot, read_inputs
@@ -169,7 +169,7 @@ class DocumentRunner:
             )
             read: Inputs | None = first  # the next try of a changed job reads them anew
             for attempt in range(1, JOB_CHANGES_TOLERATED + 2):
-                result = await self.pipeline.convert(
+                document = DocumentContext(
                     sources,
                     route.options,
                     claim.scratch,
@@ -180,6 +180,7 @@ class DocumentRunner:
                     route.pages,
                     read,
                 )
+                result = await self.pipeline.convert(document)
                 if sources.kind is not SourceKind.folder:  # nothing a scanner adds to
                     return result
                 if await asyncio.to_thread(_snapshot_again, sources) == before:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,15 @@ OUTAGE_LOOK_SECONDS = 5.0
 RETIRE_POLL_SECONDS = 0.2
 
 
+@dataclass(frozen=True)
+class LocalPages:
+    """Where local replicas read the pages they are sent as files, and what removes that
+    folder once the router stops."""
+
+    folder: Path
+    cleanup: Callable[[], None]
+
+
 class Router:
     """The Engine for a fleet of replicas."""
 
@@ -67,8 +77,7 @@ class Router:
         sampling: SamplingConfig,
         settings: RouterSettings,
         prepare: Callable[[Image.Image], PageMedia],
-        cleanup: Callable[[], None] | None = None,
-        page_folder: Path | None = None,
+        local: LocalPages | None = None,
     ) -> None:
         self.name = name
         self.sampling = sampling
@@ -77,8 +86,8 @@ class Router:
         self.log = get_logger(engine=name)
         self._replicas = replicas
         self._prepare = prepare
-        self.page_folder = page_folder  # where local replicas read pages (None: a fleet)
-        self._cleanup = cleanup
+        self.page_folder = local.folder if local else None  # None: a fleet
+        self._cleanup = local.cleanup if local else None
         self._tasks: dict[Replica, asyncio.Task[None]] = {}
         self.gate = (
             SelfCheckGate(

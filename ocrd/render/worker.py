@@ -18,7 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocrd.domain import InputFormat, TextLayer
-from ocrd.output.searchable import SearchablePdfError, SearchablePdfResult, write_searchable_pdf
+from ocrd.output.searchable import (
+    PdfSettings,
+    SearchablePdfError,
+    SearchablePdfResult,
+    write_searchable_pdf,
+)
 from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.image import RasterSource
 from ocrd.render.pdf import PdfSource
@@ -118,9 +123,7 @@ class _Worker:
                 request.order,
                 request.pages,
                 request.target,
-                archive=request.archive,
-                passwords=request.passwords,
-                root=request.root,
+                PdfSettings(request.archive, request.passwords, root=request.root),
             )
         except SearchablePdfError as error:
             findings = "; ".join(error.findings[:MAX_FINDINGS_SHOWN])
