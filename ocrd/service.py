@@ -48,8 +48,11 @@ from ocrd.web.server import WebServer
 TICK_SECONDS = 0.1
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Service:
+    """The parts it serves with, each passed by name; every part was given its listeners
+    when it was made (`ocrd/daemon.py`)."""
+
     config: Config
     config_path: Path | None  # re-read on SIGHUP
     engine: Engine
@@ -68,10 +71,6 @@ class Service:
         self.log = get_logger()
         self.reload_requested = False
         self.apply_pipeline_settings()
-        self.instances.listener = self
-        self.instances.serves = lambda work: bool(self.intake.on_work(work))
-        self.dispatcher.shared = lambda inbox: self.instances.shared(inbox.config.work)
-        self.dispatcher.stopping = self.stopping  # claiming ends the moment it is set
 
     # --- the main loop -------------------------------------------------------------------
 
@@ -118,7 +117,11 @@ class Service:
         await self.intake.stop()
         await self.dispatcher.drain(self.config.pipeline.shutdown_grace_seconds)
 
-    # --- several daemons on one inbox (instances.LeaseListener) ---------------------------
+    # --- several daemons on one inbox (the daemon's instances.LeaseListener) -------------
+
+    def serves(self, work: Path) -> bool:
+        """Whether an inbox served now has its work area in `work`."""
+        return bool(self.intake.on_work(work))
 
     async def lease_lost(self, work: Path, reason: str) -> list[str]:
         return await self.dispatcher.give_up(work)

@@ -92,17 +92,19 @@ class DocumentDispatcher:
         runner: DocumentRunner,
         admission: Admission,
         on_crash: Callable[[BaseException], None],
+        shared: Callable[[Inbox], bool],
+        stopping: asyncio.Event,
     ) -> None:
         """`on_crash` is told of a document task that ended with an exception (a dead
-        engine, or a bug that escaped the document's state machine)."""
+        engine, or a bug that escaped the document's state machine); `shared` says whether
+        other live daemons serve an inbox too; once `stopping` is set nothing more is
+        claimed or started (claiming ends the moment it is set)."""
         self.intake = intake
         self.runner = runner
         self.admission = admission
         self.on_crash = on_crash
-        # Whether other live daemons serve this inbox too (instances.Instances.shared).
-        self.shared: Callable[[Inbox], bool] = lambda _: False
-        # Set once the daemon stops: from then on nothing more is claimed or started.
-        self.stopping = asyncio.Event()
+        self.shared = shared
+        self.stopping = stopping
         self.jobs: deque[Job] = deque()
         self.documents: dict[asyncio.Task[None], tuple[Inbox, Claim]] = {}
         self.log = get_logger()

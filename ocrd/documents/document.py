@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ocrd.config import DocumentOptions
 from ocrd.documents import crashes, failures
 from ocrd.documents.pipeline import DocumentContext, Pipeline, Progress
 from ocrd.documents.route import Route
-from ocrd.documents.settling import OriginalVanished, Settling, given_up
+from ocrd.documents.settling import Finished, OriginalVanished, Settling, given_up
 from ocrd.documents.sources import Inputs, SourceKind, Sources, job_snapshot, read_inputs
 from ocrd.domain import DocumentFailed, DocumentResult, Stage
 from ocrd.engines import EngineDeadError
@@ -68,10 +69,17 @@ class InFlight:
 class DocumentRunner:
     """Runs claimed documents through the pipeline and settles them."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        on_finished: Sequence[Finished] = (),
+        on_storage_fault: Sequence[Callable[[str], None]] = (),
+    ) -> None:
+        """`on_finished` is told of every settled document, `on_storage_fault` of each
+        storage fault met while settling (see `Settling`)."""
         self.pipeline = pipeline
         self.in_flight: dict[str, InFlight] = {}
-        self.settling = Settling()
+        self.settling = Settling(on_finished, on_storage_fault)
         # What the settling keeps, reached here by the parts that report it.
         self.storage = self.settling.storage
         self.stuck = self.settling.stuck

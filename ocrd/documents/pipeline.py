@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -134,16 +134,23 @@ class Pipeline:
         budget: PageBudget,
         page_retries: int = 0,
         retry_backoff_seconds: float = 0.0,
+        on_page_done: Sequence[Callable[[PageResult], None]] = (),
     ) -> None:
         self.engine = engine
         self.renderers = renderers
         self.budget = budget
         self.page_retries = page_retries
         self.retry_backoff_seconds = retry_backoff_seconds
-        self.on_page_done: list[Callable[[PageResult], None]] = []  # throughput, metrics
+        self.on_page_done = list(on_page_done)  # throughput, metrics
 
     @classmethod
-    def create(cls, engine: Engine, config: PipelineConfig, buffer_side: int = 2048) -> Pipeline:
+    def create(
+        cls,
+        engine: Engine,
+        config: PipelineConfig,
+        buffer_side: int = 2048,
+        on_page_done: Sequence[Callable[[PageResult], None]] = (),
+    ) -> Pipeline:
         """A pipeline sized for `engine` where the config says `auto`."""
         pool = RenderPool(
             config.render_workers_for(),
@@ -152,7 +159,8 @@ class Pipeline:
             page_folder=engine.page_folder,
         )
         budget = PageBudget(config.pages_in_flight_for(engine.max_concurrency))
-        return cls(engine, pool, budget, config.page_retries, config.page_retry_backoff_seconds)
+        retries, backoff = config.page_retries, config.page_retry_backoff_seconds
+        return cls(engine, pool, budget, retries, backoff, on_page_done)
 
     @property
     def pages_in_flight(self) -> int:
