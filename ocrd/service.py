@@ -203,15 +203,14 @@ class Service:
         """The pipeline settings that take effect while running (see ocrd/config/reload.py)."""
         settings = self.config.pipeline
         self.follow_engine_capacity()
-        self.pipeline.page_retries = settings.page_retries
-        self.pipeline.retry_backoff_seconds = settings.page_retry_backoff_seconds
+        self.pipeline.retry_pages(settings.page_retries, settings.page_retry_backoff_seconds)
 
     def follow_engine_capacity(self) -> None:
         """Size the page budget and admission by the engine's capacity now: a fleet behind
         a router grows and shrinks while ocrd runs."""
         settings = self.config.pipeline
         capacity = self.engine.max_concurrency
-        self.dispatcher.admission.limit = settings.documents_in_flight_for(capacity)
+        self.dispatcher.admission.resize(settings.documents_in_flight_for(capacity))
         self.pipeline.budget.resize(settings.pages_in_flight_for(capacity))
 
     # --- reporting -----------------------------------------------------------------------

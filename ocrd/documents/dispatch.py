@@ -54,6 +54,10 @@ class Admission:
         self.running: set[asyncio.Task[None]] = set()
         self._alone: asyncio.Task[None] | None = None
 
+    def resize(self, limit: int) -> None:
+        """A new limit (a reload, a fleet that grew or shrank); documents running stay."""
+        self.limit = limit
+
     def admits(self, alone: bool) -> bool:
         if self._alone is not None or len(self.running) >= self.limit:
             return False

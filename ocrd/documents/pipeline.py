@@ -162,6 +162,12 @@ class Pipeline:
         retries, backoff = config.page_retries, config.page_retry_backoff_seconds
         return cls(engine, pool, budget, retries, backoff, on_page_done)
 
+    def retry_pages(self, retries: int, backoff_seconds: float) -> None:
+        """How often a page the engine failed is tried again, and the first wait (a
+        reload's new settings)."""
+        self.page_retries = retries
+        self.retry_backoff_seconds = backoff_seconds
+
     @property
     def pages_in_flight(self) -> int:
         return self.budget.in_flight
