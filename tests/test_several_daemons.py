@@ -44,7 +44,7 @@ IN_FLIGHT = 4  # pipeline.max_documents_in_flight
 PATIENCE = 20
 # What no setting bounds: an `ocrd run` starting (Python, its imports, the simulated
 # engine) and taking its lease, on such a loaded machine.
-STARTING = 60.0
+STARTING = 120.0
 
 
 def patient(seconds: float) -> float:

@@ -56,7 +56,7 @@ SECONDS_PER_PAGE = 0.05  # and its simulated engine's
 # A wait is a step's time by those settings times this (CI ran on 2 cores at a load of 9
 # to 13), plus what no setting bounds: the daemon starting.
 PATIENCE = 20
-STARTING = 60.0
+STARTING = 120.0
 
 
 def within(*seconds: float) -> float:
