@@ -937,7 +937,9 @@ def test_a_pdf_that_cannot_be_pdfa_is_refused_with_the_reasons_and_leaves_no_fil
     )
     target = tmp_path / "a.pdf"
     with pytest.raises(SearchablePdfError, match="cannot be made PDF/A-2b") as raised:
-        write_searchable_pdf([(source, InputFormat.pdf)], [(0, 1)], [page], target, archive=True)
+        write_searchable_pdf(
+            [(source, InputFormat.pdf)], [(0, 1)], [page], target, PdfSettings(archive=True)
+        )
     assert any("appearance" in finding for finding in raised.value.findings)
     assert not target.exists()
     assert not list(tmp_path.iterdir())  # no temporary left behind
@@ -953,7 +955,7 @@ def test_pdfa_keeps_jpeg_bytes_of_an_image_input(corpus: Path, tmp_path: Path) -
         [jpeg], ["<|ref|>text<|/ref|><|det|>[[60, 60, 400, 100]]<|/det|>\nBAIONA"]
     )
     result = write_searchable_pdf(
-        [(jpeg, InputFormat.jpeg)], [(0, 1)], [page], tmp_path / "a.pdf", archive=True
+        [(jpeg, InputFormat.jpeg)], [(0, 1)], [page], tmp_path / "a.pdf", PdfSettings(archive=True)
     )
     assert result.archive == "pikepdf"
     assert_pdfa_2b(tmp_path / "a.pdf")
