@@ -34,7 +34,7 @@ from ocrd.config import (
     SamplingConfig,
     SupervisionConfig,
 )
-from ocrd.documents.pipeline import Pipeline
+from ocrd.documents.pipeline import DocumentContext, Pipeline
 from ocrd.domain import PageImage, PageText
 from ocrd.engines import EngineState, PageCrashedError, ReplicaState, create_engine, selfcheck
 from ocrd.engines.keepers import ChildCommand, ProcessKeeper
@@ -674,7 +674,9 @@ def test_pages_are_rendered_into_the_replicas_folder_and_none_is_left_behind(
 
         engine.request_body = recording  # type: ignore[method-assign]
         try:
-            result = await pipeline.convert(pdf, DocumentOptions(), tmp_path / "scratch")
+            result = await pipeline.convert(
+                DocumentContext.of(pdf, DocumentOptions(), tmp_path / "scratch")
+            )
             assert engine.page_folder is not None
             left = sorted(engine.page_folder.iterdir())
         finally:
