@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -21,7 +22,18 @@ from ocrd.files.permissions import may_be_replaced_by_others, user_name
 
 # Programs whose first file argument is the code they run: `python3 /srv/hooks/notify.py`
 # runs notify.py, which counts as the hook's program as much as python3 does.
-INTERPRETER = re.compile(r"(?:ba|da|z|k)?sh|env|(?:python|perl|ruby|php|node|lua)[0-9.]*")
+INTERPRETER = re.compile(
+    r"(?:ba|da|z|k|mk|a|c|tc)?sh|fish|env|(?:python|perl|ruby|php|node|lua)[0-9.]*"
+)
+# Programs that run another program named in their arguments, found on PATH as they do:
+# `nice /srv/hooks/notify.sh`, `timeout 60 notify`, `env -S 'sh /srv/notify.sh'`.
+RUNNER = re.compile(
+    r"env|nice|nohup|timeout|setsid|stdbuf|ionice|chrt|taskset|time|flock|xargs|sudo|doas"
+    r"|runuser|setpriv|unshare|chroot|systemd-run|busybox"
+)
+# Shells and env take code or a command line in one argument (`sh -c '. /srv/x.sh'`,
+# `env -S 'python3 /srv/x.py'`): its words are looked at as arguments too.
+SPLITS_ARGUMENTS = re.compile(r"(?:ba|da|z|k|mk|a|c|tc)?sh|fish|env|busybox")
 
 
 def strict_mode_problems(config_path: Path, config: Config) -> list[str]:
@@ -55,21 +67,47 @@ def hook_problem(command: tuple[str, ...]) -> str | None:
 
 def hook_files(command: tuple[str, ...]) -> list[Path]:
     """The files a hook command runs: its program as PATH finds it, and for an interpreter
-    (a shell, python, perl, ...) the files its arguments name. A program not found is left
-    to fail when the hook runs, with its own error."""
+    (a shell, python, perl, ...) or a runner (env, nice, timeout, ...) the files and
+    programs its arguments name, the words of a shell's or env's one-line code included.
+    A program not found is left to fail when the hook runs, with its own error."""
     found = shutil.which(command[0])
     if found is None:
         return []
     files = [Path(os.path.abspath(found))]
-    if INTERPRETER.fullmatch(Path(command[0]).name):
-        for argument in command[1:]:
-            if argument.startswith("-"):
-                continue
-            located = shutil.which(argument) if command[0].endswith("env") else None
-            path = Path(located or argument)
+    name = Path(command[0]).name
+    runs_code = INTERPRETER.fullmatch(name) or RUNNER.fullmatch(name)
+    if not runs_code:
+        return files
+    arguments = _words(command[1:]) if SPLITS_ARGUMENTS.fullmatch(name) else list(command[1:])
+    for argument in arguments:
+        if argument.startswith("-") or "=" in argument.split("/")[0]:
+            continue  # an option, or env's NAME=value
+        # Both where PATH finds it (a runner's program) and the file it names (a script):
+        # which of them runs depends on the program, so both are looked at.
+        located = shutil.which(argument) if "/" not in argument else None
+        for path in {Path(located) if located else Path(argument), Path(argument)}:
             if path.is_file():
                 files.append(Path(os.path.abspath(path)))
     return files
+
+
+def _words(arguments: tuple[str, ...]) -> list[str]:
+    """The arguments, and the words of each: a shell's `-c` code, env's `-S` line or an
+    option's value (`--split-string=...`)."""
+    words = []
+    for argument in arguments:
+        words.append(argument)
+        code = argument
+        if argument.startswith("--"):
+            code = argument.partition("=")[2]
+        elif argument.startswith("-"):
+            code = argument.partition("S")[2]  # env's -S'line'; a shell's options hold none
+        try:
+            split = shlex.split(code, comments=True)
+        except ValueError:  # unbalanced quotes: its plain words are still looked at
+            split = code.split()
+        words.extend(word for word in split if word != argument)
+    return words
 
 
 def _why_unsafe(path: Path) -> str | None:

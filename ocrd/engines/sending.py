@@ -92,7 +92,10 @@ class Sender:
         if status == 200:
             if answer.data is None:
                 raise Failed(f"{replica.name}: the answer is not JSON: {answer.text[:200]}")
-            text = page_text(answer.data, time.monotonic() - started, page)
+            try:
+                text = page_text(answer.data, time.monotonic() - started, page)
+            except EngineError as error:  # the server's fault, as an answer not JSON is
+                raise Failed(f"{replica.name}: {error}") from None
             if len(text.text) > character_limit:
                 raise Failed(
                     f"{replica.name}: its answer holds {len(text.text):,} characters of text, "
@@ -152,12 +155,36 @@ def page_text(answer: dict[str, Any], seconds: float, page: int | None) -> PageT
     try:
         choice = answer["choices"][0]
         usage = answer.get("usage") or {}
+        content = choice["message"]["content"] or ""
+        if not isinstance(content, str):
+            raise TypeError(f"its content is {type(content).__name__}, not text")
         return PageText(
-            text=(choice["message"]["content"] or "").replace(END_OF_SENTENCE, ""),
-            finish_reason=str(choice.get("finish_reason") or "abort"),
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            completion_tokens=int(usage.get("completion_tokens", 0)),
+            text=content.replace(END_OF_SENTENCE, ""),
+            finish_reason=_finish_reason(choice.get("finish_reason")),
+            prompt_tokens=_token_count(usage.get("prompt_tokens", 0)),
+            completion_tokens=_token_count(usage.get("completion_tokens", 0)),
             seconds=seconds,
         )
-    except (KeyError, IndexError, TypeError, ValueError) as error:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
         raise EngineError(f"the server's answer has no completion: {error!r}", page) from None
+
+
+# The finish reasons vLLM and OpenAI give; any other word is "unknown" (it becomes a metric's
+# label and a summary's key: a server must not make one for each page).
+FINISH_REASONS = frozenset(
+    ("stop", "length", "repetition", "abort", "error", "content_filter", "tool_calls")
+)
+MOST_TOKENS = 2**31  # more than any model's context: a count over it is no count
+
+
+def _finish_reason(value: object) -> str:
+    if not value:
+        return "abort"
+    return value if isinstance(value, str) and value in FINISH_REASONS else "unknown"
+
+
+def _token_count(value: object) -> int:
+    """A usage count: a whole number from 0 to MOST_TOKENS (it is added to metrics)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MOST_TOKENS:
+        raise ValueError(f"a token count of {str(value)[:40]!r} is not a number of tokens")
+    return value

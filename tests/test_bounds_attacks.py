@@ -1,0 +1,216 @@
+"""Attacks on the bounds of what an inference server may answer and on StrictModes, kept
+as tests: each was a hole, found by trying it, and is closed.
+
+The servers are hostile stand-ins (tests/test_worker_answers.py's HostileWorker: aiohttp on
+loopback, named as such), behind ocrd's real `openai` engine in a real daemon. The hooks
+are real files with real modes, judged by the real `ocrd check-config`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+from conftest import write_config
+from prometheus_client.parser import text_string_to_metric_families
+from test_worker_answers import (
+    Answerer,
+    HostileWorker,
+    completion,
+    run_one_page,
+    worker_config,
+)
+
+from ocrd.engines.replica_metrics import MAX_FAMILIES_PER_REPLICA
+
+pytestmark = pytest.mark.slow
+
+
+def answer_bytes(body: bytes) -> Answerer:
+    async def answer(_: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    return answer
+
+
+def with_usage(**usage: Any) -> bytes:
+    body = completion("A page.")
+    body["usage"] = usage
+    return json.dumps(body).encode()
+
+
+def with_content(content: Any) -> bytes:
+    body = completion("A page.")
+    body["choices"][0]["message"]["content"] = content
+    return json.dumps(body).encode()
+
+
+MALFORMED = {
+    # json.loads raises RecursionError, not ValueError, past Python's recursion limit
+    "nested-a-million-deep": (b"[" * 1_000_000, "the answer is not JSON"),
+    "content-a-list": (with_content(["A", "page"]), "its content is list, not text"),
+    "content-a-number": (with_content(5), "its content is int, not text"),
+    "tokens-infinite": (with_usage(prompt_tokens=10**400), "is not a number of tokens"),
+    "tokens-negative": (with_usage(completion_tokens=-5), "is not a number of tokens"),
+    "tokens-a-float": (
+        json.dumps(completion("A page.")).encode().replace(b"257", b"1e999"),
+        "is not a number of tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_a_malformed_answer_fails_its_page_naming_the_server(
+    tmp_path: Path, start_daemon: Any, name: str
+) -> None:
+    """Each was an exception ocrd did not expect (RecursionError, AttributeError,
+    OverflowError, a metric counter's ValueError): the document failed as a bug in ocrd
+    (`document.internal_error`, a traceback), not as the server's fault."""
+    body, said = MALFORMED[name]
+    worker = HostileWorker(answer_bytes(body))
+    summary, _, daemon = run_one_page(tmp_path, start_daemon, worker)
+    assert summary["outcome"] == "failed"
+    [report_path] = (tmp_path / "data" / "failed").glob("*.error.json")
+    report = json.loads(report_path.read_text())
+    assert report["stage"] == "recognise" and report["page"] == 1
+    assert worker.root in report["message"] and said in report["message"]
+    assert worker.page_requests == 2  # the page's try and its one retry
+    assert daemon.find("document.internal_error") == []
+
+
+def test_a_finish_reason_per_page_makes_no_new_metric_series(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    """A server giving each page its own finish reason made a new labelled series of
+    `ocrd_pages_recognised` for each (memory, and /metrics, growing without end)."""
+    reasons = iter(f"reason-{n}-" + "x" * 1000 for n in range(1000))
+
+    async def answer(_: web.Request) -> web.StreamResponse:
+        body = completion("A page.")
+        body["choices"][0]["finish_reason"] = next(reasons)
+        return web.json_response(body)
+
+    worker = HostileWorker(answer)
+    worker.start()
+    try:
+        daemon = start_daemon(worker_config(tmp_path, worker))
+        [listening] = daemon.wait_for("http.listening", timeout=60)
+        daemon.wait_for("daemon.ready", timeout=60)
+        from helpers import make_pdf
+
+        make_pdf(tmp_path / "data" / "inbox" / "pages.pdf", 3)
+        [summary] = daemon.wait_for("document.finished", timeout=120)
+        exposition = httpx.get(f"http://{listening['address']}/metrics").text
+        assert daemon.stop() == 0
+    finally:
+        worker.stop()
+    assert "reason-" not in exposition
+    families = {family.name: family for family in text_string_to_metric_families(exposition)}
+    reasons_seen = {s.labels["finish_reason"] for s in families["ocrd_pages_recognised"].samples}
+    assert reasons_seen == {"unknown"}
+    assert summary["finish_reasons"] == {"unknown": 3}
+
+
+def tiny_families(size: int) -> str:
+    lines, total, number = [], 0, 0
+    while total < size:
+        line = f"vllm:f{number} 1\n"
+        lines.append(line)
+        total += len(line)
+        number += 1
+    return "".join(lines)
+
+
+def test_a_megabyte_of_tiny_metric_families_is_cut_at_the_family_bound(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    """1 MiB of one-sample families (75,000) took the daemon's event loop seconds of CPU
+    at each scrape, parsing each on its own, and came out six times larger."""
+    worker = HostileWorker(answer_bytes(json.dumps(completion("A page.")).encode()))
+    worker.metrics = tiny_families(1024 * 1024 - 100)
+    worker.start()
+    try:
+        daemon = start_daemon(worker_config(tmp_path, worker))
+        [listening] = daemon.wait_for("http.listening", timeout=60)
+        daemon.wait_for("daemon.ready", timeout=60)
+        exposition = httpx.get(f"http://{listening['address']}/metrics", timeout=60).text
+        assert daemon.stop() == 0
+    finally:
+        worker.stop()
+    names = {family.name for family in text_string_to_metric_families(exposition)}
+    taken = sorted(name for name in names if name.startswith("vllm:f"))
+    assert len(taken) == MAX_FAMILIES_PER_REPLICA
+    assert "vllm:f0" in taken and f"vllm:f{MAX_FAMILIES_PER_REPLICA}" not in taken
+
+
+def ocrd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ocrd", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def writable_by_everyone_script(folder: Path) -> Path:
+    script = folder / "notify.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o757)  # everyone may write it
+    os.chmod(script, 0o757)
+    return script
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["env", "-S", "sh {script}"],
+        ["/usr/bin/env", "--split-string=sh {script} --quiet"],
+        ["env", "-vS", "sh {script}"],
+        ["sh", "-c", ". {script}"],
+        ["bash", "-c", 'exec {script} "$@"'],
+        ["nice", "-n", "5", "{script}"],
+        ["timeout", "60", "{script}"],
+        ["nohup", "{script}"],
+    ],
+    ids=[
+        "env-S",
+        "env-split-string",
+        "env-vS",
+        "sh-c-dot",
+        "bash-c-exec",
+        "nice",
+        "timeout",
+        "nohup",
+    ],
+)
+def test_a_script_run_through_a_runner_or_one_line_of_code_is_judged(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """The script that such a hook runs was never looked at: only `env`'s or `sh`'s own
+    file, and for `nice`, `timeout`, `nohup` not even the arguments."""
+    script = writable_by_everyone_script(tmp_path)
+    hook = [part.format(script=script) for part in command]
+    config = write_config(tmp_path, {"hooks": {"on_done": {"command": hook}}})
+    checked = ocrd("check-config", "--config", str(config))
+    assert checked.returncode == 78, checked.stderr
+    assert f"{script} may be changed by others" in checked.stderr
+    assert "everyone may write it" in checked.stderr
+
+
+def test_the_same_runners_with_a_safe_script_pass(tmp_path: Path) -> None:
+    """The control: the script writable by its owner alone passes in each form."""
+    script = tmp_path / "notify.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o755)
+    for command in (
+        ["env", "-S", f"sh {script}"],
+        ["sh", "-c", f". {script}"],
+        ["nice", str(script)],
+    ):
+        config = write_config(tmp_path, {"hooks": {"on_done": {"command": command}}})
+        checked = ocrd("check-config", "--config", str(config))
+        assert checked.returncode == 0, (command, checked.stderr)
