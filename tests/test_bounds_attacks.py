@@ -8,27 +8,35 @@ are real files with real modes, judged by the real `ocrd check-config`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from aiohttp import web
 from conftest import write_config
+from helpers import make_pdf
 from prometheus_client.parser import text_string_to_metric_families
 from test_worker_answers import (
+    HIGH_WATER_BOUND_BYTES,
+    MAX_TOKENS,
     Answerer,
     HostileWorker,
+    MiB,
     completion,
     run_one_page,
     worker_config,
 )
 
 from ocrd.engines.replica_metrics import MAX_FAMILIES_PER_REPLICA
+from ocrd.engines.sending import answer_limits
 
 pytestmark = pytest.mark.slow
 
@@ -103,8 +111,6 @@ def test_a_finish_reason_per_page_makes_no_new_metric_series(
         daemon = start_daemon(worker_config(tmp_path, worker))
         [listening] = daemon.wait_for("http.listening", timeout=60)
         daemon.wait_for("daemon.ready", timeout=60)
-        from helpers import make_pdf
-
         make_pdf(tmp_path / "data" / "inbox" / "pages.pdf", 3)
         [summary] = daemon.wait_for("document.finished", timeout=120)
         exposition = httpx.get(f"http://{listening['address']}/metrics").text
@@ -214,3 +220,71 @@ def test_the_same_runners_with_a_safe_script_pass(tmp_path: Path) -> None:
         config = write_config(tmp_path, {"hooks": {"on_done": {"command": command}}})
         checked = ocrd("check-config", "--config", str(config))
         assert checked.returncode == 0, (command, checked.stderr)
+
+
+async def answer_gzip_bomb(request: web.Request) -> web.StreamResponse:
+    """A completion of 200 MB of text, sent gzip-compressed in some 200 KB."""
+    before, after = json.dumps(completion("TEXT")).encode().split(b"TEXT")
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip format
+    parts = [packer.compress(before)]
+    chunk = b"a" * MiB
+    parts += [packer.compress(chunk) for _ in range(200)]
+    parts += [packer.compress(after), packer.flush()]
+    body = b"".join(parts)
+    return web.Response(
+        body=body, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    )
+
+
+def test_a_gzip_bomb_is_bounded_by_its_decoded_bytes(tmp_path: Path, start_daemon: Any) -> None:
+    """The limit counts the bytes aiohttp decodes, not those on the wire: 200 KB of gzip
+    that inflate to 200 MB fail the page at the limit, and are never held whole."""
+    worker = HostileWorker(answer_gzip_bomb)
+    summary, grown, _ = run_one_page(tmp_path, start_daemon, worker)
+    assert summary["outcome"] == "failed"
+    [report_path] = (tmp_path / "data" / "failed").glob("*.error.json")
+    message = json.loads(report_path.read_text())["message"]
+    byte_limit, _ = answer_limits(MAX_TOKENS)
+    assert worker.root in message and f"longer than the limit of {byte_limit:,} bytes" in message
+    assert grown < HIGH_WATER_BOUND_BYTES, f"the daemon's peak memory grew by {grown:,} bytes"
+
+
+async def answer_a_byte_at_a_time(request: web.Request) -> web.StreamResponse:
+    """A completion that trickles in a byte at a time, each a while after the last: it
+    would take hours to finish."""
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    try:
+        for byte in json.dumps(completion("A page. " * 1000)).encode():
+            await response.write(bytes([byte]))
+            await asyncio.sleep(0.5)
+    except (ConnectionError, RuntimeError):
+        pass
+    return response
+
+
+def test_an_answer_trickling_in_is_cut_at_the_request_timeout(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    """There is a bound on an answer's whole time, not only on the wait for each byte."""
+    worker = HostileWorker(answer_a_byte_at_a_time)
+    timeout = 3
+    worker.start()
+    try:
+        config = worker_config(tmp_path, worker)
+        data = yaml.safe_load(config.read_text())
+        data["engine"]["openai"]["request_timeout_seconds"] = timeout
+        config.write_text(yaml.safe_dump(data))
+        daemon = start_daemon(config)
+        daemon.wait_for("daemon.ready", timeout=60)
+        make_pdf(tmp_path / "data" / "inbox" / "page.pdf", 1)
+        [summary] = daemon.wait_for("document.finished", timeout=120)
+        assert daemon.stop() == 0
+    finally:
+        worker.stop()
+    assert summary["outcome"] == "failed"
+    [report_path] = (tmp_path / "data" / "failed").glob("*.error.json")
+    message = json.loads(report_path.read_text())["message"]
+    assert worker.root in message and f"no answer within {timeout} s" in message
+    assert worker.page_requests == 2
