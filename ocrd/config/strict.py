@@ -56,6 +56,15 @@ def strict_mode_problems(config_path: Path, config: Config) -> list[str]:
     return problems
 
 
+def checked_command(command: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """The hook command with its program as PATH finds it now, and why it must not run
+    (or None). The command is run as returned: the program judged is the one run, even if
+    a file of its name appears in a folder earlier on PATH in between."""
+    found = shutil.which(command[0])
+    resolved = (os.path.abspath(found), *command[1:]) if found is not None else command
+    return resolved, hook_problem(resolved)
+
+
 def hook_problem(command: tuple[str, ...]) -> str | None:
     """Why a hook command must not run now (a file of it others may change), or None."""
     for path in hook_files(command):
