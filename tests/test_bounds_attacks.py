@@ -288,3 +288,38 @@ def test_an_answer_trickling_in_is_cut_at_the_request_timeout(
     message = json.loads(report_path.read_text())["message"]
     assert worker.root in message and f"no answer within {timeout} s" in message
     assert worker.page_requests == 2
+
+
+def linked_config(tmp_path: Path, hop: str) -> tuple[Path, Path]:
+    """A configuration given as `safe/...`, reached through a link lying in `shared/`, a
+    folder everyone may write: (the path given to ocrd, the shared folder)."""
+    real = tmp_path / "real"
+    config = write_config(real)
+    safe, shared = tmp_path / "safe", tmp_path / "shared"
+    safe.mkdir()
+    shared.mkdir()
+    shared.chmod(0o777)
+    if hop == "file":  # safe/ocrd.yaml -> shared/hop -> real/config.yaml
+        (shared / "hop").symlink_to(config)
+        (safe / "ocrd.yaml").symlink_to("../shared/hop")
+        return safe / "ocrd.yaml", shared
+    # safe/etc -> shared/etc -> real: a linked folder, /etc/ocrd as some systems make it
+    (shared / "etc").symlink_to(real)
+    (safe / "etc").symlink_to(shared / "etc")
+    return safe / "etc" / "config.yaml", shared
+
+
+@pytest.mark.parametrize("hop", ["file", "folder"])
+def test_a_configuration_reached_through_a_link_in_a_folder_others_may_write_is_refused(
+    tmp_path: Path, hop: str
+) -> None:
+    """Only the last file and the first link's folder were looked at: a link in the middle
+    of a chain, in a folder everyone may write, could be pointed at anyone's file."""
+    given, shared = linked_config(tmp_path, hop)
+    checked = ocrd("check-config", "--config", str(given))
+    assert checked.returncode == 78, checked.stderr
+    assert f"configuration file {given} may be changed by others" in checked.stderr
+    assert str(shared) in checked.stderr
+    shared.chmod(0o755)  # the control: the same chain with the folder safe passes
+    checked = ocrd("check-config", "--config", str(given))
+    assert checked.returncode == 0, checked.stderr

@@ -11,6 +11,7 @@ program became writable by others since is not run.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shlex
@@ -34,6 +35,8 @@ RUNNER = re.compile(
 # Shells and env take code or a command line in one argument (`sh -c '. /srv/x.sh'`,
 # `env -S 'python3 /srv/x.py'`): its words are looked at as arguments too.
 SPLITS_ARGUMENTS = re.compile(r"(?:ba|da|z|k|mk|a|c|tc)?sh|fish|env|busybox")
+
+MAX_LINKS = 40  # symbolic links followed on the way to a file, as the kernel does (ELOOP)
 
 
 def strict_mode_problems(config_path: Path, config: Config) -> list[str]:
@@ -120,17 +123,43 @@ def _words(arguments: tuple[str, ...]) -> list[str]:
 
 
 def _why_unsafe(path: Path) -> str | None:
-    """Who else may change `path`: the file it finally names, and where it is a symbolic
-    link (/usr/bin/python3), the folder holding the link, which decides where it points."""
+    """Who else may change `path`: the file it finally names, and where symbolic links lead
+    to it (/usr/bin/python3, a linked /etc/ocrd), each folder holding one of them, which
+    decides where it points."""
     path = Path(os.path.abspath(path))
     target = Path(os.path.realpath(path))
     try:
         why = may_be_replaced_by_others(target, os.geteuid())
-        if why is None and target != path:
-            why = may_be_replaced_by_others(Path(os.path.realpath(path.parent)), os.geteuid())
+        for folder in _folders_of_links(path):
+            why = why or may_be_replaced_by_others(folder, os.geteuid())
         return why
     except OSError as error:
         return f"it cannot be looked at ({error.strerror})"
+
+
+def _folders_of_links(path: Path) -> list[Path]:
+    """The real folders that hold the symbolic links met on the way to `path`, each hop of
+    a chain of them (a link in a folder others may write can be pointed elsewhere)."""
+    folders: list[Path] = []
+    current, parts = Path("/"), list(path.parts[1:])
+    while parts:
+        part = parts.pop(0)
+        if part in (".", ""):
+            continue
+        if part == "..":
+            current = current.parent
+            continue
+        step = current / part
+        if not step.is_symlink():
+            current = step
+            continue
+        if len(folders) >= MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        folders.append(current)
+        link = Path(os.readlink(step))
+        parts = list(link.parts[1:] if link.is_absolute() else link.parts) + parts
+        current = Path("/") if link.is_absolute() else current
+    return folders
 
 
 def _refusal(what: str, path: Path, why: str) -> str:
