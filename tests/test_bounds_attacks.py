@@ -1,5 +1,6 @@
 """Attacks on the bounds of what an inference server may answer and on StrictModes, kept
-as tests: each was a hole, found by trying it, and is closed.
+as tests: each was a hole, found by trying it, and is closed; the gzip bomb and the answer
+trickling in held already, and stay as tests of the bounds they meet.
 
 The servers are hostile stand-ins (tests/test_worker_answers.py's HostileWorker: aiohttp on
 loopback, named as such), behind ocrd's real `openai` engine in a real daemon. The hooks
@@ -62,6 +63,7 @@ def with_content(content: Any) -> bytes:
 
 MALFORMED = {
     # json.loads raises RecursionError, not ValueError, past Python's recursion limit
+    "choices-empty": (json.dumps({"choices": []}).encode(), "has no completion: IndexError"),
     "nested-a-million-deep": (b"[" * 1_000_000, "the answer is not JSON"),
     "content-a-list": (with_content(["A", "page"]), "its content is list, not text"),
     "content-a-number": (with_content(5), "its content is int, not text"),
@@ -323,3 +325,24 @@ def test_a_configuration_reached_through_a_link_in_a_folder_others_may_write_is_
     shared.chmod(0o755)  # the control: the same chain with the folder safe passes
     checked = ocrd("check-config", "--config", str(given))
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_redirect_is_not_followed_to_another_address(tmp_path: Path, start_daemon: Any) -> None:
+    """aiohttp follows redirects by default: a server answering 307 had ocrd post the page
+    (and the server's key) to any address it named, one inside ocrd's network too."""
+    elsewhere = HostileWorker(answer_bytes(json.dumps(completion("Taken.")).encode()))
+    elsewhere.start()
+
+    async def redirect(_: web.Request) -> web.StreamResponse:
+        raise web.HTTPTemporaryRedirect(f"{elsewhere.root}/v1/chat/completions")
+
+    worker = HostileWorker(redirect)
+    try:
+        summary, _, _ = run_one_page(tmp_path, start_daemon, worker)
+    finally:
+        elsewhere.stop()
+    assert elsewhere.page_requests == 0
+    assert summary["outcome"] == "failed"
+    [report_path] = (tmp_path / "data" / "failed").glob("*.error.json")
+    message = json.loads(report_path.read_text())["message"]
+    assert "HTTP 307" in message and worker.root in message

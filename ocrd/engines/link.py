@@ -158,6 +158,9 @@ class ServerLink:
                 json=body,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 10.0)),
+                # A server's redirect is its answer, never followed: it must not send ocrd's
+                # requests (a page, with its key) to another address, an internal one.
+                allow_redirects=False,
             ) as response:
                 return Answer(response.status, await _read_bounded(response, limit))
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
