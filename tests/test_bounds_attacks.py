@@ -346,3 +346,24 @@ def test_a_redirect_is_not_followed_to_another_address(tmp_path: Path, start_dae
     [report_path] = (tmp_path / "data" / "failed").glob("*.error.json")
     message = json.loads(report_path.read_text())["message"]
     assert "HTTP 307" in message and worker.root in message
+
+
+async def answer_with_escapes(_: web.Request) -> web.StreamResponse:
+    """A refusal whose text drives a terminal (a title, a cleared screen) and forges a line."""
+    text = "\x1b]0;owned\x07\x1b[2J\n2026-01-01 ocrd daemon.ready all is well"
+    return web.Response(status=400, text=text)
+
+
+def test_a_servers_words_reach_reports_and_logs_without_control_characters(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    """The start of a server's answer is quoted in the page's failure: in failed/'s report,
+    the log, a hook's OCRD_REASON and a webhook's chat text. Its escapes went there raw."""
+    worker = HostileWorker(answer_with_escapes)
+    summary, _, _ = run_one_page(tmp_path, start_daemon, worker)
+    assert summary["outcome"] == "failed"
+    [report_path] = (tmp_path / "data" / "failed").glob("*.error.json")
+    message = json.loads(report_path.read_text())["message"]
+    assert "HTTP 400" in message and "\\x1b]0;owned\\x07" in message
+    assert "\x1b" not in message and "\n" not in message and "\x07" not in message
+    assert "\x1b" not in summary["reason"] and "\n" not in summary["reason"]

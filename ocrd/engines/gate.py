@@ -27,7 +27,8 @@ from ocrd.engines.keepers import ReplicaUnavailable
 from ocrd.engines.link import LinkError
 from ocrd.engines.media import PageMedia
 from ocrd.engines.replica import Replica
-from ocrd.engines.sending import page_text
+from ocrd.engines.sending import excerpt, page_text
+from ocrd.files.dropped import printable
 
 RequestBody = Callable[[str, str], dict[str, Any]]  # (image URL, prompt) -> request body
 RequestId = Callable[[int], str]  # page number -> the next request's id
@@ -73,7 +74,7 @@ class SelfCheckGate:
             raise ReplicaUnavailable(f"no answer to ocrd's test page: {error}") from None
         if answer.status != 200 or answer.data is None:
             raise ReplicaUnavailable(
-                f"ocrd's test page was answered HTTP {answer.status}: {answer.text[:200]}"
+                f"ocrd's test page was answered HTTP {answer.status}: {excerpt(answer, 200)}"
             )
         try:
             text = page_text(answer.data, 0.0, None).text
@@ -87,7 +88,7 @@ class SelfCheckGate:
             words_expected=score.expected,
             seconds=time.monotonic() - started,
             at=time.time(),
-            answer=re.sub(r"\s+", " ", text)[:200],
+            answer=printable(re.sub(r"\s+", " ", text)[:200]),
             vllm_version=version,
         )
 

@@ -20,8 +20,9 @@ from ocrd.domain import PageText
 from ocrd.engines.base import EngineError, ReplicaState
 from ocrd.engines.deepseek import END_OF_SENTENCE
 from ocrd.engines.keepers import REFUSES_US
-from ocrd.engines.link import Dropped, TooLarge, Unreachable
+from ocrd.engines.link import Answer, Dropped, TooLarge, Unreachable
 from ocrd.engines.replica import Replica
+from ocrd.files.dropped import printable
 
 
 class Gone(Exception):
@@ -91,7 +92,7 @@ class Sender:
         status = answer.status
         if status == 200:
             if answer.data is None:
-                raise Failed(f"{replica.name}: the answer is not JSON: {answer.text[:200]}")
+                raise Failed(f"{replica.name}: the answer is not JSON: {excerpt(answer, 200)}")
             try:
                 text = page_text(answer.data, time.monotonic() - started, page)
             except EngineError as error:  # the server's fault, as an answer not JSON is
@@ -103,7 +104,7 @@ class Sender:
                     f"(at most {character_limit:,})"
                 )
             return text
-        said = f"HTTP {status}: {answer.text[:300]}"
+        said = f"HTTP {status}: {excerpt(answer, 300)}"
         if status in REFUSES_US:
             self.mark_down(replica, generation, f"refuses ocrd's {REFUSES_US[status]} ({said})")
             raise NeverSent
@@ -149,6 +150,12 @@ class Sender:
         assert replica.confirming is not None
         alive = await asyncio.shield(replica.confirming[1])
         return alive and replica.generation == generation
+
+
+def excerpt(answer: Answer, characters: int) -> str:
+    """The start of a server's answer, as it can be shown in a report, a log or a chat
+    message: its control characters (a terminal's escapes, a forged new line) written out."""
+    return printable(answer.text[:characters])
 
 
 def page_text(answer: dict[str, Any], seconds: float, page: int | None) -> PageText:
