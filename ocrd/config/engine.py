@@ -21,7 +21,8 @@ class PromptMode(StrEnum):
 class SamplingConfig(Strict):
     """DeepSeek-OCR-2's decoding settings, the same in-process and remote."""
 
-    max_tokens: Annotated[int, Field(ge=1)] = 8192
+    # at most 256k: a page's answer is read up to a limit derived from it (engines/sending.py)
+    max_tokens: Annotated[int, Field(ge=1, le=262144)] = 8192
     ngram_size: Annotated[int, Field(ge=0)] = 30
     ngram_window: Annotated[int, Field(ge=1)] = 90
     ngram_whitelist_token_ids: tuple[int, ...] = (128821, 128822)

@@ -11,8 +11,10 @@ program became writable by others since is not run.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -21,7 +23,20 @@ from ocrd.files.permissions import may_be_replaced_by_others, user_name
 
 # Programs whose first file argument is the code they run: `python3 /srv/hooks/notify.py`
 # runs notify.py, which counts as the hook's program as much as python3 does.
-INTERPRETER = re.compile(r"(?:ba|da|z|k)?sh|env|(?:python|perl|ruby|php|node|lua)[0-9.]*")
+INTERPRETER = re.compile(
+    r"(?:ba|da|z|k|mk|a|c|tc)?sh|fish|env|(?:python|perl|ruby|php|node|lua)[0-9.]*"
+)
+# Programs that run another program named in their arguments, found on PATH as they do:
+# `nice /srv/hooks/notify.sh`, `timeout 60 notify`, `env -S 'sh /srv/notify.sh'`.
+RUNNER = re.compile(
+    r"env|nice|nohup|timeout|setsid|stdbuf|ionice|chrt|taskset|time|flock|xargs|sudo|doas"
+    r"|runuser|setpriv|unshare|chroot|systemd-run|busybox"
+)
+# Shells and env take code or a command line in one argument (`sh -c '. /srv/x.sh'`,
+# `env -S 'python3 /srv/x.py'`): its words are looked at as arguments too.
+SPLITS_ARGUMENTS = re.compile(r"(?:ba|da|z|k|mk|a|c|tc)?sh|fish|env|busybox")
+
+MAX_LINKS = 40  # symbolic links followed on the way to a file, as the kernel does (ELOOP)
 
 
 def strict_mode_problems(config_path: Path, config: Config) -> list[str]:
@@ -44,6 +59,15 @@ def strict_mode_problems(config_path: Path, config: Config) -> list[str]:
     return problems
 
 
+def checked_command(command: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """The hook command with its program as PATH finds it now, and why it must not run
+    (or None). The command is run as returned: the program judged is the one run, even if
+    a file of its name appears in a folder earlier on PATH in between."""
+    found = shutil.which(command[0])
+    resolved = (os.path.abspath(found), *command[1:]) if found is not None else command
+    return resolved, hook_problem(resolved)
+
+
 def hook_problem(command: tuple[str, ...]) -> str | None:
     """Why a hook command must not run now (a file of it others may change), or None."""
     for path in hook_files(command):
@@ -55,35 +79,87 @@ def hook_problem(command: tuple[str, ...]) -> str | None:
 
 def hook_files(command: tuple[str, ...]) -> list[Path]:
     """The files a hook command runs: its program as PATH finds it, and for an interpreter
-    (a shell, python, perl, ...) the files its arguments name. A program not found is left
-    to fail when the hook runs, with its own error."""
+    (a shell, python, perl, ...) or a runner (env, nice, timeout, ...) the files and
+    programs its arguments name, the words of a shell's or env's one-line code included.
+    A program not found is left to fail when the hook runs, with its own error."""
     found = shutil.which(command[0])
     if found is None:
         return []
     files = [Path(os.path.abspath(found))]
-    if INTERPRETER.fullmatch(Path(command[0]).name):
-        for argument in command[1:]:
-            if argument.startswith("-"):
-                continue
-            located = shutil.which(argument) if command[0].endswith("env") else None
-            path = Path(located or argument)
+    name = Path(command[0]).name
+    runs_code = INTERPRETER.fullmatch(name) or RUNNER.fullmatch(name)
+    if not runs_code:
+        return files
+    arguments = _words(command[1:]) if SPLITS_ARGUMENTS.fullmatch(name) else list(command[1:])
+    for argument in arguments:
+        if argument.startswith("-") or "=" in argument.split("/")[0]:
+            continue  # an option, or env's NAME=value
+        # Both where PATH finds it (a runner's program) and the file it names (a script):
+        # which of them runs depends on the program, so both are looked at.
+        located = shutil.which(argument) if "/" not in argument else None
+        for path in {Path(located) if located else Path(argument), Path(argument)}:
             if path.is_file():
                 files.append(Path(os.path.abspath(path)))
     return files
 
 
+def _words(arguments: tuple[str, ...]) -> list[str]:
+    """The arguments, and the words of each: a shell's `-c` code, env's `-S` line or an
+    option's value (`--split-string=...`)."""
+    words = []
+    for argument in arguments:
+        words.append(argument)
+        code = argument
+        if argument.startswith("--"):
+            code = argument.partition("=")[2]
+        elif argument.startswith("-"):
+            code = argument.partition("S")[2]  # env's -S'line'; a shell's options hold none
+        try:
+            split = shlex.split(code, comments=True)
+        except ValueError:  # unbalanced quotes: its plain words are still looked at
+            split = code.split()
+        words.extend(word for word in split if word != argument)
+    return words
+
+
 def _why_unsafe(path: Path) -> str | None:
-    """Who else may change `path`: the file it finally names, and where it is a symbolic
-    link (/usr/bin/python3), the folder holding the link, which decides where it points."""
+    """Who else may change `path`: the file it finally names, and where symbolic links lead
+    to it (/usr/bin/python3, a linked /etc/ocrd), each folder holding one of them, which
+    decides where it points."""
     path = Path(os.path.abspath(path))
     target = Path(os.path.realpath(path))
     try:
         why = may_be_replaced_by_others(target, os.geteuid())
-        if why is None and target != path:
-            why = may_be_replaced_by_others(Path(os.path.realpath(path.parent)), os.geteuid())
+        for folder in _folders_of_links(path):
+            why = why or may_be_replaced_by_others(folder, os.geteuid())
         return why
     except OSError as error:
         return f"it cannot be looked at ({error.strerror})"
+
+
+def _folders_of_links(path: Path) -> list[Path]:
+    """The real folders that hold the symbolic links met on the way to `path`, each hop of
+    a chain of them (a link in a folder others may write can be pointed elsewhere)."""
+    folders: list[Path] = []
+    current, parts = Path("/"), list(path.parts[1:])
+    while parts:
+        part = parts.pop(0)
+        if part in (".", ""):
+            continue
+        if part == "..":
+            current = current.parent
+            continue
+        step = current / part
+        if not step.is_symlink():
+            current = step
+            continue
+        if len(folders) >= MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        folders.append(current)
+        link = Path(os.readlink(step))
+        parts = list(link.parts[1:] if link.is_absolute() else link.parts) + parts
+        current = Path("/") if link.is_absolute() else current
+    return folders
 
 
 def _refusal(what: str, path: Path, why: str) -> str:

@@ -28,7 +28,8 @@ from ocrd.engines.keepers import ReplicaUnavailable
 from ocrd.engines.link import Answer, LinkError
 from ocrd.engines.media import PageMedia
 from ocrd.engines.replica import Replica
-from ocrd.engines.sending import page_text
+from ocrd.engines.sending import excerpt, page_text
+from ocrd.files.dropped import printable
 
 RequestBody = Callable[[str, str], dict[str, Any]]  # (image URL, prompt) -> request body
 RequestId = Callable[[int], str]  # page number -> the next request's id
@@ -74,7 +75,7 @@ class SelfCheckGate:
             media.release()
         if answer.status != 200 or answer.data is None:
             raise ReplicaUnavailable(
-                f"ocrd's test page was answered HTTP {answer.status}: {answer.text[:200]}"
+                f"ocrd's test page was answered HTTP {answer.status}: {excerpt(answer, 200)}"
             )
         try:
             text = page_text(answer.data, 0.0, None).text
@@ -88,7 +89,7 @@ class SelfCheckGate:
             words_expected=score.expected,
             seconds=time.monotonic() - started,
             at=time.time(),
-            answer=re.sub(r"\s+", " ", text)[:200],
+            answer=printable(re.sub(r"\s+", " ", text)[:200]),
             vllm_version=version,
         )
 

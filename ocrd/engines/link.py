@@ -65,7 +65,7 @@ class Answer:
         """The body as a JSON object; None if it is not one."""
         try:
             data = json.loads(self.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
             return None
         return data if isinstance(data, dict) else None
 

@@ -12,6 +12,7 @@ is written by prometheus_client's own exposition, which escapes every name and v
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,12 @@ from ocrd.engines.replica import Replica
 METRICS_TIMEOUT_SECONDS = 3.0
 # vLLM's own /metrics is some tens of kilobytes; ten times more is no vLLM's.
 METRICS_LIMIT_BYTES = 1024 * 1024
+# vLLM's own exposition is some dozens of families in some thousands of lines. Each family
+# is parsed on its own, on the daemon's event loop: past these many, the rest of a
+# replica's exposition is left out, so that a megabyte of tiny families (or lines that do
+# not parse) cannot cost each scrape seconds.
+MAX_FAMILIES_PER_REPLICA = 1_000
+MAX_LINES_PER_REPLICA = 10_000
 SERVING = (ReplicaState.ready, ReplicaState.garbled, ReplicaState.checking)
 REPLICA_LABEL = "replica"
 
@@ -95,7 +102,9 @@ def merge_metrics(texts: list[tuple[str, str]], prefix: str = "vllm:") -> str:
 
 def _families(text: str) -> Iterator[Metric]:
     """The families of one exposition that parse, each parsed on its own."""
-    for _, chunk in _family_chunks(text):
+    lines = text.splitlines()[:MAX_LINES_PER_REPLICA]
+    chunks = _family_chunks("\n".join(lines))
+    for _, chunk in itertools.islice(chunks, MAX_FAMILIES_PER_REPLICA):
         try:
             parsed = list(text_string_to_metric_families(chunk))
         except Exception:  # whatever the parser chokes on: this family is left out

@@ -20,8 +20,9 @@ from ocrd.domain import PageText
 from ocrd.engines.base import EngineError, ReplicaState
 from ocrd.engines.deepseek import END_OF_SENTENCE
 from ocrd.engines.keepers import REFUSES_US
-from ocrd.engines.link import Dropped, TooLarge, Unreachable
+from ocrd.engines.link import Answer, Dropped, TooLarge, Unreachable
 from ocrd.engines.replica import Replica
+from ocrd.files.dropped import printable
 
 
 class Gone(Exception):
@@ -92,8 +93,11 @@ class Sender:
         status = answer.status
         if status == 200:
             if answer.data is None:
-                raise Failed(f"{replica.name}: the answer is not JSON: {answer.text[:200]}")
-            text = page_text(answer.data, time.monotonic() - started, page)
+                raise Failed(f"{replica.name}: the answer is not JSON: {excerpt(answer, 200)}")
+            try:
+                text = page_text(answer.data, time.monotonic() - started, page)
+            except EngineError as error:  # the server's fault, as an answer not JSON is
+                raise Failed(f"{replica.name}: {error}") from None
             if len(text.text) > character_limit:
                 raise Failed(
                     f"{replica.name}: its answer holds {len(text.text):,} characters of text, "
@@ -101,7 +105,7 @@ class Sender:
                     f"(at most {character_limit:,})"
                 )
             return text
-        said = f"HTTP {status}: {answer.text[:300]}"
+        said = f"HTTP {status}: {excerpt(answer, 300)}"
         if 300 <= status < 400:  # not followed (link.py): the server is wrongly listed
             self.mark_down(replica, generation, f"answers with a redirect ({said}); {REDIRECT}")
             raise NeverSent
@@ -152,16 +156,46 @@ class Sender:
         return alive and replica.generation == generation
 
 
+def excerpt(answer: Answer, characters: int) -> str:
+    """The start of a server's answer, as it can be shown in a report, a log or a chat
+    message: its control characters (a terminal's escapes, a forged new line) written out."""
+    return printable(answer.text[:characters])
+
+
 def page_text(answer: dict[str, Any], seconds: float, page: int | None) -> PageText:
     try:
         choice = answer["choices"][0]
         usage = answer.get("usage") or {}
+        content = choice["message"]["content"] or ""
+        if not isinstance(content, str):
+            raise TypeError(f"its content is {type(content).__name__}, not text")
         return PageText(
-            text=(choice["message"]["content"] or "").replace(END_OF_SENTENCE, ""),
-            finish_reason=str(choice.get("finish_reason") or "abort"),
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            completion_tokens=int(usage.get("completion_tokens", 0)),
+            text=content.replace(END_OF_SENTENCE, ""),
+            finish_reason=_finish_reason(choice.get("finish_reason")),
+            prompt_tokens=_token_count(usage.get("prompt_tokens", 0)),
+            completion_tokens=_token_count(usage.get("completion_tokens", 0)),
             seconds=seconds,
         )
-    except (KeyError, IndexError, TypeError, ValueError) as error:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
         raise EngineError(f"the server's answer has no completion: {error!r}", page) from None
+
+
+# The finish reasons vLLM and OpenAI give; any other word is "unknown" (it becomes a metric's
+# label and a summary's key: a server must not make one for each page).
+FINISH_REASONS = frozenset(
+    ("stop", "length", "repetition", "abort", "error", "content_filter", "tool_calls")
+)
+MOST_TOKENS = 2**31  # more than any model's context: a count over it is no count
+
+
+def _finish_reason(value: object) -> str:
+    if not value:
+        return "abort"
+    return value if isinstance(value, str) and value in FINISH_REASONS else "unknown"
+
+
+def _token_count(value: object) -> int:
+    """A usage count: a whole number from 0 to MOST_TOKENS (it is added to metrics)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MOST_TOKENS:
+        raise ValueError(f"a token count of {str(value)[:40]!r} is not a number of tokens")
+    return value

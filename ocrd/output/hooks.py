@@ -29,7 +29,7 @@ import httpx
 
 from ocrd.backoff import Backoff
 from ocrd.config import HookConfig, InboxConfig, WebhookConfig
-from ocrd.config.strict import hook_problem
+from ocrd.config.strict import checked_command
 from ocrd.domain import DocumentSummary, Outcome
 from ocrd.files import json_bytes
 from ocrd.files.dropped import printable
@@ -197,14 +197,15 @@ class Hooks:
         self, hook: HookConfig, event: str, summary: DocumentSummary, summary_file: Path, log: Any
     ) -> None:
         assert hook.command is not None
-        refused = await asyncio.to_thread(hook_problem, hook.command)
+        # The program run is the one judged, not one PATH finds again a moment later.
+        command, refused = await asyncio.to_thread(checked_command, hook.command)
         if refused is not None:  # made writable by others since the configuration was read
             log.error("hook.failed", command=list(hook.command), error=refused)
             self._count(event, "command", "error")
             return
         try:
             process = await asyncio.create_subprocess_exec(
-                *hook.command,
+                *command,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,

@@ -86,7 +86,7 @@ def parse_page(raw: str, max_blocks: int = MAX_BLOCKS) -> list[Block]:
     """Blocks in the order the model wrote them; text outside any tag is a `text` block;
     from block `max_blocks` on, the rest of the text is one last `text` block."""
     blocks: list[Block] = []
-    boxes: tuple[Box, ...] = ()
+    boxes: list[Box] = []  # a list: a block of thousands of det tags is added to in place
     label, content = "text", ""
     state = "content"  # or "label" (inside ref) or "det" (inside det)
     pending = ""  # text of the tag being read
@@ -94,15 +94,15 @@ def parse_page(raw: str, max_blocks: int = MAX_BLOCKS) -> list[Block]:
     def finish_block() -> None:
         nonlocal label, boxes, content
         if content.strip() or boxes or label != "text":
-            blocks.append(Block(label, boxes, content.strip("\n")))
-        label, boxes, content = "text", (), ""
+            blocks.append(Block(label, tuple(boxes), content.strip("\n")))
+        label, boxes, content = "text", [], ""
 
     parts = _TAG.split(raw)
     for index, part in enumerate(parts):
         if part == "<|ref|>":
             if state == "det":  # an unclosed det tag
                 found, rest = _split_unclosed_det(pending)
-                boxes, content = boxes + found, content + rest
+                boxes, content = [*boxes, *found], content + rest
             finish_block()
             if len(blocks) >= max_blocks - 1:  # the rest as it is, in one last block
                 blocks.append(Block("text", (), "".join(parts[index:])))
@@ -118,7 +118,7 @@ def parse_page(raw: str, max_blocks: int = MAX_BLOCKS) -> list[Block]:
             state, pending = "det", ""
         elif part == "<|/det|>":
             if state == "det":
-                boxes = boxes + parse_boxes(pending)
+                boxes.extend(parse_boxes(pending))
             state, pending = "content", ""
         elif state == "content":
             content += part
@@ -130,7 +130,7 @@ def parse_page(raw: str, max_blocks: int = MAX_BLOCKS) -> list[Block]:
         label, content = clean_label(first), rest
     elif state == "det":
         found, rest = _split_unclosed_det(pending)
-        boxes, content = boxes + found, content + rest
+        boxes, content = [*boxes, *found], content + rest
     finish_block()
     return blocks
 
