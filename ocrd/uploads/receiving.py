@@ -137,8 +137,10 @@ def private_entries(folder: int) -> None:
 
 
 def read_record(folder: int) -> dict[str, Any] | None:
-    """The record in an upload's folder (never through a link, only ocrd's own); None
-    where there is none (an upload an older ocrd received)."""
+    """The record in an upload's folder (never through a link, only ocrd's own and private);
+    None where there is none (an upload an older ocrd received). A file of ocrd's others
+    may read and write (an output in a folder the group may write) is no record: a member of
+    the group could hard-link it beside a colleague's files to block them."""
     try:
         fd = os.open(
             RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
@@ -147,7 +149,8 @@ def read_record(folder: int) -> dict[str, Any] | None:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        private = info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
+        if not stat.S_ISREG(info.st_mode) or not private:
             return {}
         data = os.read(fd, MAX_RECORD_BYTES)
     finally:

@@ -46,7 +46,7 @@ from ocrd.uploads.tasks import (
     write_record,
 )
 from ocrd.web import apidocs
-from ocrd.web.api import READ_BYTES, token_matches
+from ocrd.web.api import READ_BYTES, WAIT_RETRY_SECONDS, token_matches
 from ocrd.web.docling_body import read_json_body
 from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form, parse
 from ocrd.web.docling_sources import Fetched, file_source, url_source
@@ -299,7 +299,7 @@ class DoclingApi:
         def receive() -> Awaitable[Receiving]:
             return self._file_task(request, self._admit(request, 64 * 1024))
 
-        return await self._answer(request, await self._accepting(request, receive), asynchronous)
+        return await self._convert(request, receive, asynchronous)
 
     async def convert_source(self, request: web.Request, asynchronous: bool) -> web.Response:
         limit = self.config.max_upload_bytes // 3 + JSON_OVERHEAD  # base64 is 4/3 its bytes
@@ -307,7 +307,37 @@ class DoclingApi:
         def receive() -> Awaitable[Receiving]:
             return self._source_task(request, self._admit(request, limit))
 
-        return await self._answer(request, await self._accepting(request, receive), asynchronous)
+        return await self._convert(request, receive, asynchronous)
+
+    async def _convert(
+        self,
+        request: web.Request,
+        receive: Callable[[], Awaitable[Receiving]],
+        asynchronous: bool,
+    ) -> web.Response:
+        """A task received and answered; a synchronous one waits for its result, so it
+        takes a place among `max_waiting_clients` (as pollers do) from before its body is
+        read: synchronous clients never take every connection uploads need."""
+        if asynchronous:
+            return await self._answer(request, await self._accepting(request, receive), True)
+        with self.tasks.documents.waiter(self.config.max_waiting_clients) as placed:
+            authorized = self.api.token is not None and token_matches(request, self.api.token)
+            if not placed and authorized:  # (others are refused at once below, unread)
+                return self._too_many_waiting(request)
+            return await self._answer(request, await self._accepting(request, receive), False)
+
+    def _too_many_waiting(self, request: web.Request) -> web.Response:
+        limit = self.config.max_waiting_clients
+        response = self._refused(
+            request,
+            UploadRefused(
+                503,
+                f"{limit} clients are waiting already (max_waiting_clients), nothing was "
+                "kept; send it to the same route's /async and poll, or retry later",
+            ),
+        )
+        response.headers["Retry-After"] = str(WAIT_RETRY_SECONDS)
+        return response
 
     async def _answer(
         self, request: web.Request, received: Receiving | web.Response, asynchronous: bool

@@ -1,0 +1,92 @@
+"""Hostile ground, round 4: attacks on the tasks work (the uploads folder's guard, upload
+records, docling-serve's JSON body, waiting clients), each kept as a test. A member of the
+inbox's group (real users, marker `users`), HTTP clients with and without the token, over
+real sockets against `ocrd run`."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import wait_until
+from test_docling_api import convert
+from test_group_member import as_user, share_everything, uploading_as_service
+from test_shared_folder import make_text_pdf
+from test_uploads import uploading_daemon
+from users import Runtime, give
+
+pytestmark = pytest.mark.slow
+
+LINK_AS_RECORD = r"""
+import os, sys
+source, target = sys.argv[1:]
+os.link(source, target)
+print("linked")
+"""
+
+
+@pytest.mark.users
+def test_a_record_linked_from_ocrds_outputs_blocks_no_colleagues_file(
+    shared_root: Path, runtime: Runtime, start_daemon: Any
+) -> None:
+    """The operator lets the group write failed/ (a default ACL), so ocrd's error reports
+    there are the group's to read and write. alice hard-links one (a JSON object owned by
+    ocrd's user) into the inbox as `.upload.json`, as if an upload's record lay there: bob's
+    letter dropped beside it is still converted, never blocked as "moved out of the uploads
+    folder"."""
+    daemon, _, data = uploading_as_service(shared_root, runtime, start_daemon, settle_seconds=1)
+    inbox = data / "inbox"
+    share_everything(data / "failed")
+    broken = inbox / "broken.pdf"
+    broken.write_bytes(b"not a PDF at all")
+    give(broken, "alice", 0o664)
+    [failed] = daemon.wait_for("document.finished", timeout=60)
+    report = Path(failed["error_report"])
+    linked = as_user("alice", LINK_AS_RECORD, str(report), str(inbox / ".upload.json"))
+    assert linked.stdout.strip() == "linked", linked.stderr
+    letter = give(make_text_pdf(inbox / "letter.pdf", "Letter of Bob"), "bob", 0o664)
+    wait_until(
+        lambda: (
+            daemon.find("document.finished", path="letter.pdf")
+            or daemon.find("file.blocked", path=str(letter))
+        ),
+        60,
+        "bob's letter converted or blocked",
+    )
+    assert not daemon.find("file.blocked", path=str(letter)), daemon.find("file.blocked")
+    [done] = daemon.find("document.finished", path="letter.pdf")
+    assert done["outcome"] == "done", done
+    assert "Letter of Bob" in Path(done["markdown"]).read_text()
+    assert daemon.stop() == 0
+
+
+def test_synchronous_conversions_beyond_max_waiting_clients_are_refused_and_keep_nothing(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    """A synchronous `/v1/convert/file` waits as a poller does, holding a connection: with
+    `max_waiting_clients: 2`, two wait, a third is refused at once with 503, Retry-After
+    and nothing kept (else enough of them take every connection uploads need), while an
+    asynchronous task is taken meanwhile and the two waiting are answered in their time."""
+    http = {"max_waiting_clients": 2, "docling": {"max_sync_wait_seconds": 15}}
+    daemon, url = uploading_daemon(tmp_path, start_daemon, {"settle_seconds": 600}, http=http)
+    pdf = make_text_pdf(tmp_path / "a.pdf", "Hello")
+    answers: list[httpx.Response] = []
+    waiters = [threading.Thread(target=lambda: answers.append(convert(url, pdf))) for _ in "ab"]
+    for waiter in waiters:
+        waiter.start()
+    daemon.wait_for("task.accepted", count=2, timeout=30)
+    third = convert(url, pdf)
+    assert third.status_code == 503, third.text
+    assert "max_waiting_clients" in third.json()["detail"]
+    assert third.headers["Retry-After"]
+    assert all(waiter.is_alive() for waiter in waiters), "answered before their wait was up"
+    uploads = tmp_path / "data" / "inbox" / "uploads"
+    assert len(list(uploads.glob("*/a.pdf"))) == 2, "the refused one was kept"
+    taken = convert(url, pdf, route="/v1/convert/file/async")
+    assert taken.status_code == 200, taken.text
+    for waiter in waiters:
+        waiter.join()
+    assert [a.status_code for a in answers] == [504, 504], [a.text for a in answers]
