@@ -15,7 +15,7 @@ from conftest import wait_until
 from test_docling_api import convert
 from test_group_member import as_user, share_everything, uploading_as_service
 from test_shared_folder import make_text_pdf
-from test_uploads import uploading_daemon
+from test_uploads import AUTH, uploading_daemon
 from users import Runtime, give
 
 pytestmark = pytest.mark.slow
@@ -90,3 +90,56 @@ def test_synchronous_conversions_beyond_max_waiting_clients_are_refused_and_keep
     for waiter in waiters:
         waiter.join()
     assert [a.status_code for a in answers] == [504, 504], [a.text for a in answers]
+
+
+SWAP_IN_A_LOOP = r"""
+import os, sys, time
+inbox, seconds = sys.argv[1], float(sys.argv[2])
+uploads = os.path.join(inbox, "uploads")
+end, swaps = time.monotonic() + seconds, 0
+while time.monotonic() < end:
+    try:
+        os.rename(uploads, os.path.join(inbox, f"mine-{swaps}"))
+        os.mkdir(uploads)
+        swaps += 1
+    except OSError:
+        pass
+print(swaps)
+"""
+
+
+@pytest.mark.users
+def test_a_member_swapping_the_uploads_folder_in_a_loop_makes_no_upload_fail(
+    shared_root: Path, runtime: Runtime, start_daemon: Any
+) -> None:
+    """alice renames `uploads` and makes her own in its place as fast as she can, while a
+    client hands files over: every upload is taken (202, never a 503 because her folder
+    stood there at that instant), and every one converts as the upload it is."""
+    daemon, url, data = uploading_as_service(shared_root, runtime, start_daemon, settle_seconds=1)
+    inbox = data / "inbox"
+    pdf = make_text_pdf(shared_root / "letter.pdf", "Letter in a storm").read_bytes()
+    swapping = threading.Thread(
+        target=lambda: swapped.append(as_user("alice", SWAP_IN_A_LOOP, str(inbox), "10"))
+    )
+    swapped: list[Any] = []
+    swapping.start()
+    answers = []
+    while swapping.is_alive() and len(answers) < 40:
+        answers.append(
+            httpx.post(
+                f"{url}/api/documents",
+                headers=AUTH,
+                params={"filename": "letter.pdf"},
+                content=pdf,
+                timeout=30,
+            )
+        )
+    swapping.join()
+    assert int(swapped[0].stdout) > 0, swapped[0].stderr
+    refused = [a.text for a in answers if a.status_code != 202]
+    assert not refused, f"{len(refused)} of {len(answers)} refused: {refused[:3]}"
+    for answer in answers[:3]:
+        markdown = httpx.get(f"{answer.json()['markdown_url']}?wait=120", headers=AUTH, timeout=130)
+        assert markdown.status_code == 200 and "Letter in a storm" in markdown.text
+    assert daemon.find("uploads.set_aside") and daemon.find("uploads.moved_back")
+    assert daemon.stop() == 0

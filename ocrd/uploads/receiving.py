@@ -199,13 +199,21 @@ class Receiving:
         return self._folder
 
     @classmethod
-    def begin(cls, inbox: InboxConfig, upload_id: str, name: str) -> Receiving:
+    def begin(
+        cls, inbox: InboxConfig, upload_id: str, name: str, held: int | None = None
+    ) -> Receiving:
         """A new upload folder in `inbox` with an empty hidden part in it, both ocrd's
-        alone. UploadsFolderUnusable where the uploads folder is no folder of ocrd's."""
-        with uploads_folder(inbox.path, make=True) as shared:
-            uploads = os.dup(shared)
+        alone: in `held` (ocrd's uploads folder, a descriptor this takes over) where given,
+        else in `<inbox>/uploads`. UploadsFolderUnusable where that is no folder of ocrd's."""
+        if held is not None:
+            uploads = held
+        else:
+            with uploads_folder(inbox.path, make=True) as shared:
+                uploads = os.dup(shared)
         folder = part = -1
         try:
+            if held is not None:
+                make_private(uploads, 0o700)
             os.mkdir(upload_id, 0o700, dir_fd=uploads)
             folder = os.open(upload_id, DIRECTORY, dir_fd=uploads)
             make_private(folder, 0o700)

@@ -151,12 +151,26 @@ class Uploads:
                 f"the name {said!r} is too long for inbox {inbox.path} ({len(os.fsencode(name))} "
                 "bytes); send it under a shorter name",
             )
-        self.keep_folder(inbox)
         try:
-            return Receiving.begin(inbox, upload_id, name)
+            return self._begin_in_folder(inbox, upload_id, name)
         except UploadsFolderUnusable as unusable:
             self.notice_unusable(inbox, str(unusable))
             raise UploadRefused(503, f"{unusable}; an operator must remove it") from None
+
+    def _begin_in_folder(self, inbox: InboxConfig, upload_id: str, name: str) -> Receiving:
+        """Begin the upload in the uploads folder ocrd holds, put back first: never in
+        what a member of the inbox's group swapped in at `<inbox>/uploads` meanwhile. A
+        folder held but removed since (emptied, anyone who may write the inbox may remove
+        it) is replaced and the upload begun again."""
+        for _ in range(2):
+            self.keep_folder(inbox)
+            held = self.guard.held(inbox.path)
+            try:
+                return Receiving.begin(inbox, upload_id, name, held)
+            except FileNotFoundError:
+                if held is None:
+                    raise
+        return Receiving.begin(inbox, upload_id, name)
 
     def keep_folder(self, inbox: InboxConfig) -> None:
         """Put the inbox's uploads folder back where someone renamed or replaced it
