@@ -5,6 +5,9 @@ real sockets against `ocrd run`."""
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import wait_until
-from test_docling_api import convert
+from test_docling_api import KEY, convert
 from test_group_member import as_user, share_everything, uploading_as_service
 from test_shared_folder import make_text_pdf
 from test_uploads import AUTH, uploading_daemon
@@ -143,3 +146,63 @@ def test_a_member_swapping_the_uploads_folder_in_a_loop_makes_no_upload_fail(
         assert markdown.status_code == 200 and "Letter in a storm" in markdown.text
     assert daemon.find("uploads.set_aside") and daemon.find("uploads.moved_back")
     assert daemon.stop() == 0
+
+
+def _mime_base64(data: bytes) -> str:
+    """base64 in lines of 76 characters, as `base64` and MIME encoders write it."""
+    return base64.encodebytes(data).decode()
+
+
+def test_base64_sources_at_the_edges_are_taken_whole_or_refused_by_name(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    """base64 with line breaks (as `base64` writes it) is taken the same, short or long
+    (decoded as it arrives); a long string under a key given twice, an escape base64 has
+    not, 64 KB of whitespace, two sources, a filename of 100 KB are refused naming what is
+    wrong, and nothing of them is kept; a name of 60 KB is taken shortened."""
+    _, url = uploading_daemon(tmp_path, start_daemon, {"settle_seconds": 600})
+    uploads = tmp_path / "data" / "inbox" / "uploads"
+
+    def post(body: bytes) -> httpx.Response:
+        return httpx.post(
+            f"{url}/v1/convert/source/async",
+            headers={**KEY, "Content-Type": "application/json"},
+            content=body,
+            timeout=60,
+        )
+
+    def source(name: str, encoded: str) -> dict[str, str]:
+        return {"kind": "file", "filename": name, "base64_string": encoded}
+
+    for name, size in (("short.pdf", 3000), ("long.pdf", 200_000)):
+        data = os.urandom(size)
+        answer = post(json.dumps({"sources": [source(name, _mime_base64(data))]}).encode())
+        assert answer.status_code == 200, (name, answer.text)
+        [arrived] = uploads.glob(f"*/{name}")
+        assert arrived.read_bytes() == data, name
+    long = base64.b64encode(os.urandom(100_000)).decode()
+    refused = {
+        "given twice": b'{"sources": [{"kind": "file", "filename": "twice.pdf", '
+        b'"base64_string": "' + long.encode() + b'", "base64_string": "QUFB"}]}',
+        "escaped character": json.dumps({"sources": [source("u.pdf", long)]})
+        .replace(long[:8], "\\u0041" + long[1:8])
+        .encode(),
+        "64 KB": b" " * 70_000 + json.dumps({"sources": [source("w.pdf", "QUFB")]}).encode(),
+        "only the file's base64_string": json.dumps(
+            {"sources": [source("1.pdf", long), source("2.pdf", long)]}
+        ).encode(),
+        "exactly one source": json.dumps(
+            {"sources": [source("1.pdf", "QUFB"), source("2.pdf", "QUFB")]}
+        ).encode(),
+        "sources.0.filename": json.dumps({"sources": [source("n" * 100_000, "QUFB")]}).encode(),
+    }
+    for named, body in refused.items():
+        answer = post(body)
+        assert 400 <= answer.status_code < 500, (named, answer.text)
+        assert named in answer.json()["detail"], (named, answer.text)
+    named_long = post(json.dumps({"sources": [source("n" * 60_000 + ".pdf", "QUFB")]}).encode())
+    assert named_long.status_code in (200, 422), named_long.text
+    names = sorted(p.name for p in uploads.glob("*/*") if not p.name.startswith("."))
+    assert {"long.pdf", "short.pdf"} <= set(names), names
+    assert not {"twice.pdf", "u.pdf", "w.pdf", "1.pdf", "2.pdf"} & set(names), names
+    assert all(len(os.fsencode(name)) <= 255 for name in names), names
