@@ -117,27 +117,33 @@ def test_a_member_swapping_the_uploads_folder_in_a_loop_makes_no_upload_fail(
 ) -> None:
     """alice renames `uploads` and makes her own in its place as fast as she can, while a
     client hands files over: every upload is taken (202, never a 503 because her folder
-    stood there at that instant), and every one converts as the upload it is."""
+    stood there at that instant), ocrd stays ready (its tidying round too works in the
+    folder it holds, so it never finds hers "unusable"), and the uploads convert as the
+    uploads they are."""
     daemon, url, data = uploading_as_service(shared_root, runtime, start_daemon, settle_seconds=1)
     inbox = data / "inbox"
     pdf = make_text_pdf(shared_root / "letter.pdf", "Letter in a storm").read_bytes()
     swapping = threading.Thread(
-        target=lambda: swapped.append(as_user("alice", SWAP_IN_A_LOOP, str(inbox), "10"))
+        target=lambda: swapped.append(as_user("alice", SWAP_IN_A_LOOP, str(inbox), "12"))
     )
     swapped: list[Any] = []
     swapping.start()
-    answers = []
-    while swapping.is_alive() and len(answers) < 40:
-        answers.append(
-            httpx.post(
-                f"{url}/api/documents",
-                headers=AUTH,
-                params={"filename": "letter.pdf"},
-                content=pdf,
-                timeout=30,
+    answers, readiness = [], []
+    while swapping.is_alive():
+        if len(answers) < 40:
+            answers.append(
+                httpx.post(
+                    f"{url}/api/documents",
+                    headers=AUTH,
+                    params={"filename": "letter.pdf"},
+                    content=pdf,
+                    timeout=30,
+                )
             )
-        )
+        readiness.append(httpx.get(f"{url}/readyz", timeout=30))
     swapping.join()
+    not_ready = [r.text for r in readiness if r.status_code != 200]
+    assert not not_ready, f"{len(not_ready)} of {len(readiness)} not ready: {not_ready[:2]}"
     assert int(swapped[0].stdout) > 0, swapped[0].stderr
     refused = [a.text for a in answers if a.status_code != 202]
     assert not refused, f"{len(refused)} of {len(answers)} refused: {refused[:3]}"
