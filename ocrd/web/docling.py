@@ -114,6 +114,39 @@ def task_options(options: DoclingOptions, filename: str) -> TaskOptions:
     return record
 
 
+def task_answer(task_id: str, task: Task | None) -> web.Response:
+    """docling-serve's answer about a task: its status, its place, its counts."""
+    status = task.status if task is not None else TaskStatus.pending
+    done = status in (TaskStatus.success, TaskStatus.partial_success, TaskStatus.failure)
+    body = {
+        "task_id": task_id,
+        "task_type": "convert",
+        "task_status": status.value,
+        "task_position": task.position if task is not None else None,
+        "task_meta": {
+            "num_docs": 1,
+            "num_processed": int(done),
+            "num_succeeded": int(status is TaskStatus.success),
+            "num_partially_succeeded": int(status is TaskStatus.partial_success),
+            "num_failed": int(status is TaskStatus.failure),
+        },
+        "error_message": task.error_message if task is not None else None,
+    }
+    return web.json_response(body)
+
+
+def too_many_waiting(limit: int) -> web.Response:
+    """A synchronous conversion beyond `max_waiting_clients`: refused before its body is
+    read, nothing kept."""
+    response = detail(
+        503,
+        f"{limit} clients are waiting already (max_waiting_clients), nothing was kept; send "
+        "it to the same route's /async and poll, or retry later",
+    )
+    response.headers["Retry-After"] = str(WAIT_RETRY_SECONDS)
+    return response
+
+
 class DoclingApi:
     """The routes of docling-serve's API, over the documents API's uploads."""
 
@@ -323,21 +356,8 @@ class DoclingApi:
         with self.tasks.documents.waiter(self.config.max_waiting_clients) as placed:
             authorized = self.api.token is not None and token_matches(request, self.api.token)
             if not placed and authorized:  # (others are refused at once below, unread)
-                return self._too_many_waiting(request)
+                return too_many_waiting(self.config.max_waiting_clients)
             return await self._answer(request, await self._accepting(request, receive), False)
-
-    def _too_many_waiting(self, request: web.Request) -> web.Response:
-        limit = self.config.max_waiting_clients
-        response = self._refused(
-            request,
-            UploadRefused(
-                503,
-                f"{limit} clients are waiting already (max_waiting_clients), nothing was "
-                "kept; send it to the same route's /async and poll, or retry later",
-            ),
-        )
-        response.headers["Retry-After"] = str(WAIT_RETRY_SECONDS)
-        return response
 
     async def _answer(
         self, request: web.Request, received: Receiving | web.Response, asynchronous: bool
@@ -355,7 +375,7 @@ class DoclingApi:
         )
         if asynchronous:
             task = await self.tasks.find(received.id)
-            return self._status(received.id, task)
+            return task_answer(received.id, task)
         wait = self.config.docling.max_sync_wait_seconds
         task = await self.tasks.find(received.id, wait)
         if task is None or not task.settled:
@@ -367,25 +387,6 @@ class DoclingApi:
                 f"/v1/result/{received.id}",
             )
         return await self._result(request, task)
-
-    def _status(self, task_id: str, task: Task | None) -> web.Response:
-        status = task.status if task is not None else TaskStatus.pending
-        done = status in (TaskStatus.success, TaskStatus.partial_success, TaskStatus.failure)
-        body = {
-            "task_id": task_id,
-            "task_type": "convert",
-            "task_status": status.value,
-            "task_position": task.position if task is not None else None,
-            "task_meta": {
-                "num_docs": 1,
-                "num_processed": int(done),
-                "num_succeeded": int(status is TaskStatus.success),
-                "num_partially_succeeded": int(status is TaskStatus.partial_success),
-                "num_failed": int(status is TaskStatus.failure),
-            },
-            "error_message": task.error_message if task is not None else None,
-        }
-        return web.json_response(body)
 
     async def poll(self, request: web.Request) -> web.Response:
         try:
@@ -400,7 +401,7 @@ class DoclingApi:
             task = await self.tasks.find(task_id, wait if placed else 0.0)
         if task is None:
             return detail(404, "Task not found.")
-        return self._status(task_id, task)
+        return task_answer(task_id, task)
 
     async def result(self, request: web.Request) -> web.Response:
         task = await self.tasks.find(request.match_info["task_id"])
