@@ -57,6 +57,14 @@ class UploadsGuard:
             finally:
                 os.close(root)
 
+    def held(self, inbox: Path) -> int | None:
+        """A descriptor (a duplicate, the caller's to close) of the uploads folder ocrd
+        holds for `inbox`, wherever it is now; None where it holds none. An upload begun in
+        it never meets whatever someone put at `<inbox>/uploads` a moment ago."""
+        with self._lock:
+            fd = self._held.get(str(inbox))
+            return os.dup(fd) if fd is not None else None
+
     def close(self) -> None:
         with self._lock:
             for fd in self._held.values():

@@ -137,8 +137,10 @@ def private_entries(folder: int) -> None:
 
 
 def read_record(folder: int) -> dict[str, Any] | None:
-    """The record in an upload's folder (never through a link, only ocrd's own); None
-    where there is none (an upload an older ocrd received)."""
+    """The record in an upload's folder (never through a link, only ocrd's own and private);
+    None where there is none (an upload an older ocrd received). A file of ocrd's others
+    may read and write (an output in a folder the group may write) is no record: a member of
+    the group could hard-link it beside a colleague's files to block them."""
     try:
         fd = os.open(
             RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
@@ -147,7 +149,8 @@ def read_record(folder: int) -> dict[str, Any] | None:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        private = info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
+        if not stat.S_ISREG(info.st_mode) or not private:
             return {}
         data = os.read(fd, MAX_RECORD_BYTES)
     finally:
@@ -196,13 +199,21 @@ class Receiving:
         return self._folder
 
     @classmethod
-    def begin(cls, inbox: InboxConfig, upload_id: str, name: str) -> Receiving:
+    def begin(
+        cls, inbox: InboxConfig, upload_id: str, name: str, held: int | None = None
+    ) -> Receiving:
         """A new upload folder in `inbox` with an empty hidden part in it, both ocrd's
-        alone. UploadsFolderUnusable where the uploads folder is no folder of ocrd's."""
-        with uploads_folder(inbox.path, make=True) as shared:
-            uploads = os.dup(shared)
+        alone: in `held` (ocrd's uploads folder, a descriptor this takes over) where given,
+        else in `<inbox>/uploads`. UploadsFolderUnusable where that is no folder of ocrd's."""
+        if held is not None:
+            uploads = held
+        else:
+            with uploads_folder(inbox.path, make=True) as shared:
+                uploads = os.dup(shared)
         folder = part = -1
         try:
+            if held is not None:
+                make_private(uploads, 0o700)
             os.mkdir(upload_id, 0o700, dir_fd=uploads)
             folder = os.open(upload_id, DIRECTORY, dir_fd=uploads)
             make_private(folder, 0o700)

@@ -48,21 +48,35 @@ TIDY_SECONDS = 10.0  # how often empty upload folders and stale parts are looked
 EMPTY_FOR_SECONDS = 5.0
 
 
-def tidy(inbox: InboxConfig, stale_after: float, now: float | None = None) -> int:
-    """Remove from `<inbox>/uploads/` the parts of uploads that cannot still be arriving
-    (older than `stale_after`: a run killed while receiving) and the folders claims left
-    holding only their record a while ago; keep every folder and file there ocrd's alone.
-    How many folders went. UploadsFolderUnusable where the uploads folder is no folder of
-    ocrd's. Blocking."""
+def tidy(
+    inbox: InboxConfig, stale_after: float, now: float | None = None, held: int | None = None
+) -> int:
+    """Remove from `<inbox>/uploads/` (or `held`, the uploads folder ocrd holds: a
+    descriptor this closes) the parts of uploads that cannot still be arriving (older than
+    `stale_after`: a run killed while receiving) and the folders claims left holding only
+    their record a while ago; keep every folder and file there ocrd's alone. How many
+    folders went. UploadsFolderUnusable where the uploads folder is no folder of ocrd's.
+    Blocking."""
     now = time.time() if now is None else now
-    removed = 0
+    if held is not None:
+        try:
+            return _tidy_uploads(held, stale_after, now)
+        except FileNotFoundError:  # removed since (the guard makes a new one)
+            return 0
+        finally:
+            os.close(held)
     try:
         with uploads_folder(inbox.path, make=False) as uploads:
-            for name in os.listdir(uploads):
-                if UPLOAD_ID.match(name) and _tidy_folder(uploads, name, stale_after, now):
-                    removed += 1
+            return _tidy_uploads(uploads, stale_after, now)
     except (FileNotFoundError, NotADirectoryError, NotRegularFile):
-        pass
+        return 0
+
+
+def _tidy_uploads(uploads: int, stale_after: float, now: float) -> int:
+    removed = 0
+    for name in os.listdir(uploads):
+        if UPLOAD_ID.match(name) and _tidy_folder(uploads, name, stale_after, now):
+            removed += 1
     return removed
 
 
@@ -151,12 +165,31 @@ class Uploads:
                 f"the name {said!r} is too long for inbox {inbox.path} ({len(os.fsencode(name))} "
                 "bytes); send it under a shorter name",
             )
-        self.keep_folder(inbox)
         try:
-            return Receiving.begin(inbox, upload_id, name)
+            return self._begin_in_folder(inbox, upload_id, name)
         except UploadsFolderUnusable as unusable:
             self.notice_unusable(inbox, str(unusable))
             raise UploadRefused(503, f"{unusable}; an operator must remove it") from None
+
+    def _begin_in_folder(self, inbox: InboxConfig, upload_id: str, name: str) -> Receiving:
+        """Begin the upload in the uploads folder ocrd holds, put back first: never in
+        what a member of the inbox's group swapped in at `<inbox>/uploads` meanwhile. A
+        folder held but removed since (emptied, anyone who may write the inbox may remove
+        it) is replaced and the upload begun again."""
+        for _ in range(2):
+            self.keep_folder(inbox)
+            held = self.guard.held(inbox.path)
+            try:
+                return Receiving.begin(inbox, upload_id, name, held)
+            except FileNotFoundError:
+                if held is None:
+                    raise
+        return Receiving.begin(inbox, upload_id, name)
+
+    def keep_folders(self) -> None:
+        """keep_folder for every inbox taking uploads. Blocking."""
+        for inbox in [inbox for inbox in self.config.inboxes if inbox.uploads]:
+            self.keep_folder(inbox)
 
     def keep_folder(self, inbox: InboxConfig) -> None:
         """Put the inbox's uploads folder back where someone renamed or replaced it
@@ -204,8 +237,11 @@ class Uploads:
             del self.unusable[gone]  # uploads switched off there by a reload
         for inbox in [inbox for inbox in self.config.inboxes if inbox.uploads]:
             await asyncio.to_thread(self.keep_folder, inbox)
+            # In the folder held (where the guard keeps one): never in what a member of the
+            # inbox's group swapped in at `<inbox>/uploads` a moment ago.
+            held = self.guard.held(inbox.path)
             try:  # (an `uploads` folder in an inbox taking none is people's own)
-                await asyncio.to_thread(tidy, inbox, stale_after)
+                await asyncio.to_thread(tidy, inbox, stale_after, None, held)
             except UploadsFolderUnusable as unusable:
                 self.notice_unusable(inbox, str(unusable))
                 continue

@@ -17,8 +17,9 @@ outputs, and holds what both describe (the models, the OpenAPI description). Wai
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -126,9 +127,14 @@ class DocumentsApi:
     """The routes that follow documents and fetch their outputs, for one run of the HTTP
     server (uploading is `ocrd/web/uploading.py`)."""
 
-    def __init__(self, documents: Documents, config: HttpConfig) -> None:
+    def __init__(
+        self, documents: Documents, config: HttpConfig, put_back: Callable[[], None] | None = None
+    ) -> None:
         self.documents = documents
         self.config = config
+        # Puts uploads folders back where someone who may write an inbox renamed them
+        # (ocrd/uploads/guard.py): an upload waiting in one is found, never a 404.
+        self.put_back = put_back
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_get("/api/openapi.json", self.openapi)
@@ -147,14 +153,13 @@ class DocumentsApi:
             wait = -1.0
         if not 0 <= wait <= MAX_WAIT_SECONDS:
             return error(400, f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}")
-        found = None
-        if is_document_id(document_id) and wait:
-            with self.documents.waiter(self.config.max_waiting_clients) as placed:
-                if not placed:
-                    return self._too_many_waiting()
-                found = await self.documents.settled(document_id, wait)
-        elif is_document_id(document_id):
-            found = await self.documents.find(document_id)
+        if not is_document_id(document_id):
+            found = None
+        elif (found := await self._look(document_id, wait)) is None and self.put_back:
+            await asyncio.to_thread(self.put_back)
+            found = await self._look(document_id, wait)
+        if isinstance(found, web.Response):
+            return found
         if found is None:
             return error(
                 404,
@@ -162,6 +167,14 @@ class DocumentsApi:
                 "document finished since ocrd started (the status page links those)",
             )
         return found
+
+    async def _look(self, document_id: str, wait: float) -> Found | web.Response | None:
+        if not wait:
+            return await self.documents.find(document_id)
+        with self.documents.waiter(self.config.max_waiting_clients) as placed:
+            if not placed:
+                return self._too_many_waiting()
+            return await self.documents.settled(document_id, wait)
 
     def _too_many_waiting(self) -> web.Response:
         """Waiting clients have a limit of their own, below the connections', so that they

@@ -46,7 +46,7 @@ from ocrd.uploads.tasks import (
     write_record,
 )
 from ocrd.web import apidocs
-from ocrd.web.api import READ_BYTES, token_matches
+from ocrd.web.api import READ_BYTES, WAIT_RETRY_SECONDS, token_matches
 from ocrd.web.docling_body import read_json_body
 from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form, parse
 from ocrd.web.docling_sources import Fetched, file_source, url_source
@@ -112,6 +112,39 @@ def task_options(options: DoclingOptions, filename: str) -> TaskOptions:
             422, f"the options take more than {MAX_RECORD_BYTES // 1024} KB; send shorter ones"
         )
     return record
+
+
+def task_answer(task_id: str, task: Task | None) -> web.Response:
+    """docling-serve's answer about a task: its status, its place, its counts."""
+    status = task.status if task is not None else TaskStatus.pending
+    done = status in (TaskStatus.success, TaskStatus.partial_success, TaskStatus.failure)
+    body = {
+        "task_id": task_id,
+        "task_type": "convert",
+        "task_status": status.value,
+        "task_position": task.position if task is not None else None,
+        "task_meta": {
+            "num_docs": 1,
+            "num_processed": int(done),
+            "num_succeeded": int(status is TaskStatus.success),
+            "num_partially_succeeded": int(status is TaskStatus.partial_success),
+            "num_failed": int(status is TaskStatus.failure),
+        },
+        "error_message": task.error_message if task is not None else None,
+    }
+    return web.json_response(body)
+
+
+def too_many_waiting(limit: int) -> web.Response:
+    """A synchronous conversion beyond `max_waiting_clients`: refused before its body is
+    read, nothing kept."""
+    response = detail(
+        503,
+        f"{limit} clients are waiting already (max_waiting_clients), nothing was kept; send "
+        "it to the same route's /async and poll, or retry later",
+    )
+    response.headers["Retry-After"] = str(WAIT_RETRY_SECONDS)
+    return response
 
 
 class DoclingApi:
@@ -297,7 +330,7 @@ class DoclingApi:
         def receive() -> Awaitable[Receiving]:
             return self._file_task(request, self._admit(request, 64 * 1024))
 
-        return await self._answer(request, await self._accepting(request, receive), asynchronous)
+        return await self._convert(request, receive, asynchronous)
 
     async def convert_source(self, request: web.Request, asynchronous: bool) -> web.Response:
         limit = self.config.max_upload_bytes // 3 + JSON_OVERHEAD  # base64 is 4/3 its bytes
@@ -305,7 +338,24 @@ class DoclingApi:
         def receive() -> Awaitable[Receiving]:
             return self._source_task(request, self._admit(request, limit))
 
-        return await self._answer(request, await self._accepting(request, receive), asynchronous)
+        return await self._convert(request, receive, asynchronous)
+
+    async def _convert(
+        self,
+        request: web.Request,
+        receive: Callable[[], Awaitable[Receiving]],
+        asynchronous: bool,
+    ) -> web.Response:
+        """A task received and answered; a synchronous one waits for its result, so it
+        takes a place among `max_waiting_clients` (as pollers do) from before its body is
+        read: synchronous clients never take every connection uploads need."""
+        if asynchronous:
+            return await self._answer(request, await self._accepting(request, receive), True)
+        with self.tasks.documents.waiter(self.config.max_waiting_clients) as placed:
+            authorized = self.api.token is not None and token_matches(request, self.api.token)
+            if not placed and authorized:  # (others are refused at once below, unread)
+                return too_many_waiting(self.config.max_waiting_clients)
+            return await self._answer(request, await self._accepting(request, receive), False)
 
     async def _answer(
         self, request: web.Request, received: Receiving | web.Response, asynchronous: bool
@@ -323,7 +373,7 @@ class DoclingApi:
         )
         if asynchronous:
             task = await self.tasks.find(received.id)
-            return self._status(received.id, task)
+            return task_answer(received.id, task)
         wait = self.config.docling.max_sync_wait_seconds
         task = await self.tasks.find(received.id, wait)
         if task is None or not task.settled:
@@ -335,25 +385,6 @@ class DoclingApi:
                 f"/v1/result/{received.id}",
             )
         return await self._result(request, task)
-
-    def _status(self, task_id: str, task: Task | None) -> web.Response:
-        status = task.status if task is not None else TaskStatus.pending
-        done = status in (TaskStatus.success, TaskStatus.partial_success, TaskStatus.failure)
-        body = {
-            "task_id": task_id,
-            "task_type": "convert",
-            "task_status": status.value,
-            "task_position": task.position if task is not None else None,
-            "task_meta": {
-                "num_docs": 1,
-                "num_processed": int(done),
-                "num_succeeded": int(status is TaskStatus.success),
-                "num_partially_succeeded": int(status is TaskStatus.partial_success),
-                "num_failed": int(status is TaskStatus.failure),
-            },
-            "error_message": task.error_message if task is not None else None,
-        }
-        return web.json_response(body)
 
     async def poll(self, request: web.Request) -> web.Response:
         try:
@@ -368,7 +399,7 @@ class DoclingApi:
             task = await self.tasks.find(task_id, wait if placed else 0.0)
         if task is None:
             return detail(404, "Task not found.")
-        return self._status(task_id, task)
+        return task_answer(task_id, task)
 
     async def result(self, request: web.Request) -> web.Response:
         task = await self.tasks.find(request.match_info["task_id"])

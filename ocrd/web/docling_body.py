@@ -186,7 +186,7 @@ async def read_json_body(
 
 def _check_spooled(payload: dict[str, Any], sink: Base64Sink) -> None:
     """UploadRefused unless the long string was the file's base64, and base64."""
-    where = _spooled_at(payload)
+    where = _spooled_at(payload) or "a key, or a value given twice under one key,"
     if where != "sources.0.base64_string":
         raise UploadRefused(
             422,

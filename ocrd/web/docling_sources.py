@@ -28,6 +28,7 @@ from ocrd.web.docling_body import SPOOLED
 
 FETCH_CHUNK_BYTES = 256 * 1024
 COPY_BYTES = 1024 * 1024  # a spooled file copied into the inbox at a time
+_LINE_BREAKS = str.maketrans("", "", "\n\r\t")
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ def file_source(source: dict[str, Any], max_bytes: int, spool: BinaryIO) -> Fetc
         return Fetched(name, file=spool)
     if len(encoded) > max_bytes * 4 // 3 + 4:
         raise UploadRefused(413, "the file is larger than this server takes (max_upload_mb)")
-    try:
-        data = base64.b64decode(encoded, validate=True)
+    try:  # line breaks that encoders put in base64 are left out, as from a long one
+        data = base64.b64decode(encoded.translate(_LINE_BREAKS), validate=True)
     except (binascii.Error, ValueError):
         raise UploadRefused(422, f"the base64 content of {name!r} is malformed") from None
     if not data:

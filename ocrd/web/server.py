@@ -279,7 +279,9 @@ class WebServer:
         if self.uploads is not None and self.documents is not None:
             uploading = Uploading(self.uploads, self.config, self.token)
             uploading.add_routes(app.router)
-            DocumentsApi(self.documents, self.config).add_routes(app.router)
+            DocumentsApi(self.documents, self.config, self.uploads.keep_folders).add_routes(
+                app.router
+            )
             if self.config.docling.enabled:
                 serve_docling_api(app, uploading, self.documents, self.config)
         return app
