@@ -352,7 +352,7 @@ class DoclingApi:
         if asynchronous:
             return await self._answer(request, await self._accepting(request, receive), True)
         with self.tasks.documents.waiter(self.config.max_waiting_clients) as placed:
-            authorized = self.api.token is not None and token_matches(request, self.api.token)
+            authorized = self.token is not None and token_matches(request, self.token)
             if not placed and authorized:  # (others are refused at once below, unread)
                 return too_many_waiting(self.config.max_waiting_clients)
             return await self._answer(request, await self._accepting(request, receive), False)
