@@ -304,6 +304,57 @@ def test_a_listed_name_that_resolves_to_an_internal_address_is_refused() -> None
         asyncio.run(url_source({"url": "http://localhost:9/x.pdf"}, ("localhost",), 1000, 5))
 
 
+def test_a_url_source_is_fetched_from_the_address_that_was_checked(
+    monkeypatch: pytest.MonkeyPatch, corpus: Path
+) -> None:
+    """DNS rebinding: a listed name resolving to one address at the check and another at
+    the fetch. Here the check's lookup is made to answer a listed address (a stand-in for
+    a resolver, named as such) for a name the system cannot resolve at all: the fetch
+    reaches the server only if it connects to the address checked, with the name as Host,
+    instead of looking the name up again."""
+    import asyncio
+    import http.server
+    import threading
+
+    from ocrd.web import docling_sources
+
+    pdf = (corpus / "real" / "ocrmypdf__3small.pdf").read_bytes()
+    seen: list[str] = []
+
+    class Serve(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers["Host"])
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(pdf)))
+            self.end_headers()
+            self.wfile.write(pdf)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serve)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    async def checked_lookup(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(docling_sources, "resolve", checked_lookup)
+    try:
+        fetched = asyncio.run(
+            docling_sources.url_source(
+                {"url": f"http://rebinding.invalid:{port}/a.pdf"},
+                ("rebinding.invalid", "127.0.0.1"),
+                10_000_000,
+                10,
+            )
+        )
+    finally:
+        server.shutdown()
+    assert seen == [f"rebinding.invalid:{port}"]
+    assert b"".join(fetched.pieces()) == pdf and fetched.name == "a.pdf"
+
+
 def test_the_api_page_and_its_description_are_served_without_a_cdn(
     tmp_path: Path, start_daemon: Any
 ) -> None:

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -74,8 +74,18 @@ def _public(address: str) -> bool:
     return ipaddress.ip_address(address.split("%")[0]).is_global
 
 
-async def _check_host(host: str, port: int, allowed: tuple[str, ...]) -> None:
-    """UploadRefused unless the host is listed and reaches no internal address."""
+async def resolve(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to (the system's resolver)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(address[0]) for *_, address in infos]
+
+
+async def _checked_address(host: str, port: int, allowed: tuple[str, ...]) -> str:
+    """The address to fetch from: UploadRefused unless the host is listed and resolves to no
+    internal address. The fetch connects to this address, not to what a second lookup of
+    the name might say (a name that resolves public at the check and internal at the
+    fetch, DNS rebinding, reaches nothing internal)."""
     listed = {entry.lower().strip("[]") for entry in allowed}
     if host.lower() not in listed:
         why = (
@@ -84,19 +94,28 @@ async def _check_host(host: str, port: int, allowed: tuple[str, ...]) -> None:
             else (f"its host {host!r} is not in http.docling.url_hosts")
         )
         raise UploadRefused(422, f"the http source is refused: {why}")
-    loop = asyncio.get_running_loop()
     try:
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = await resolve(host, port)
     except OSError as error:
         raise UploadRefused(422, f"the http source's host {host!r} is unknown: {error}") from None
-    for *_, address in infos:
-        ip = str(address[0])
+    for ip in addresses:
         if not _public(ip) and ip not in listed:
             raise UploadRefused(
                 422,
                 f"the http source's host {host!r} resolves to the internal address {ip}; ocrd "
                 "fetches only from public addresses (or one http.docling.url_hosts names)",
             )
+    if not addresses:
+        raise UploadRefused(422, f"the http source's host {host!r} resolves to no address")
+    return addresses[0]
+
+
+def _to_address(parts: SplitResult, address: str) -> str:
+    """The URL with its host replaced by the address checked (the name goes as Host and,
+    for https, as the name the certificate must carry)."""
+    host = f"[{address}]" if ":" in address else address
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 async def url_source(
@@ -113,16 +132,21 @@ async def url_source(
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as malformed:  # a port out of range, or not a number
         raise UploadRefused(422, f"the http source {url!r} is malformed: {malformed}") from None
-    await _check_host(parts.hostname, port, allowed)
+    address = await _checked_address(parts.hostname, port, allowed)
     headers = source.get("headers") or {}
     if not isinstance(headers, dict):
         raise UploadRefused(422, "an http source's 'headers' must be an object")
+    sent = {str(k): str(v) for k, v in headers.items() if str(k).lower() != "host"}
+    sent["Host"] = parts.netloc.rsplit("@", 1)[-1]
     try:
         async with (
             asyncio.timeout(timeout),
             httpx.AsyncClient(follow_redirects=False, timeout=timeout) as client,
             client.stream(
-                "GET", url, headers={str(k): str(v) for k, v in headers.items()}
+                "GET",
+                _to_address(parts, address),
+                headers=sent,
+                extensions={"sni_hostname": parts.hostname},
             ) as answer,
         ):
             if answer.status_code != 200:
