@@ -301,6 +301,7 @@ class Service:
             instances=self.instances.report(inbox.config.work),
             uploads=inbox.config.uploads,
             uploads_problem=self.web.uploads.unusable.get(root) if self.web.uploads else None,
+            model=inbox.config.model,
         )
 
 
@@ -321,6 +322,7 @@ def replica_status(facts: ReplicaFacts) -> ReplicaStatus:
         self_check_passed=check.passed if check else False,
         problem=facts.problem,
         pid=facts.pid,
+        model=facts.model,
     )
 
 

@@ -313,6 +313,7 @@ class Pipeline:
             seconds=round(result.text.seconds, 3),
             engine_interval=result.text.engine_interval,
             source=result.source.value,
+            model=result.text.model,
         )
         if (journal := run.journal_for_page()) is not None:
             await asyncio.to_thread(journal.append, result)
@@ -373,7 +374,10 @@ class Pipeline:
             attempt += 1
             try:  # no local name holds the pixels while the engine has them
                 return await self.engine.recognise(
-                    rendered.pop() if rendered else await self._render(ref, number),
+                    replace(  # to the engine of the model its inbox chose
+                        rendered.pop() if rendered else await self._render(ref, number),
+                        model=run.settings.model,
+                    ),
                     prompt,
                     self.budget.priority(run.ticket),
                 )

@@ -138,6 +138,7 @@ class ReplicaFacts:
     self_check: SelfCheckResult | None
     problem: str | None
     pid: int | None  # its process (local replicas)
+    model: str | None = None  # the OCR model it serves (ocrd.models' name)
 
 
 class Engine(Protocol):

@@ -12,15 +12,15 @@ from typing import Any
 
 from PIL import Image
 
-from ocrd.config import PromptMode
-from ocrd.engines import selfcheck
 from ocrd.engines.base import EngineError, SelfCheckResult
-from ocrd.engines.deepseek import PROMPTS
+from ocrd.engines.checkpage import draw_check_page
 from ocrd.engines.keepers import ReplicaUnavailable
 from ocrd.engines.link import LinkError
 from ocrd.engines.media import PageMedia
+from ocrd.engines.recipes import default_model
 from ocrd.engines.replica import Replica
 from ocrd.engines.sending import page_text
+from ocrd.models import Model
 
 RequestBody = Callable[[str, str], dict[str, Any]]  # (image URL, prompt) -> request body
 
@@ -32,16 +32,21 @@ class SelfCheckGate:
         max_tokens: int,
         request_timeout: float,
         what_to_do: str,
+        recipe: Model | None = None,
     ) -> None:
+        # The model's own test page, prompt and judge (its parser makes the blocks).
+        self.recipe = recipe or default_model()
         self.request_body = request_body
-        self.max_tokens = min(selfcheck.MAX_TOKENS, max_tokens)
+        self.max_tokens = min(self.recipe.self_check.max_tokens, max_tokens)
         self.request_timeout = request_timeout
         self.what_to_do = what_to_do
         self._media: PageMedia | None = None
 
     async def open(self, prepare: Callable[[Image.Image], PageMedia]) -> None:
         """Draw the test page once, in the form the replicas take pages."""
-        self._media = await asyncio.to_thread(prepare, selfcheck.check_page())
+        check = self.recipe.self_check
+        page = await asyncio.to_thread(draw_check_page, check.page, check.long_side)
+        self._media = await asyncio.to_thread(prepare, page)
 
     def close(self) -> None:
         if self._media is not None:
@@ -50,7 +55,7 @@ class SelfCheckGate:
     async def read_test_page(self, replica: Replica) -> SelfCheckResult:
         """How well the replica reads the page; ReplicaUnavailable if it does not answer."""
         assert self._media is not None
-        body = self.request_body(self._media.url, PROMPTS[PromptMode.layout])
+        body = self.request_body(self._media.url, self.recipe.prompt(self.recipe.self_check.task))
         body["max_tokens"] = self.max_tokens
         started = time.monotonic()
         request_id = f"ocrd-self-check-{replica.name}-{replica.generation}"
@@ -65,10 +70,10 @@ class SelfCheckGate:
                 f"ocrd's test page was answered HTTP {answer.status}: {answer.text[:200]}"
             )
         try:
-            text = page_text(answer.data, 0.0, None).text
+            text = page_text(answer.data, 0.0, None, self.recipe.sampling.strip).text
         except EngineError as error:
             raise ReplicaUnavailable(f"ocrd's test page: {error}") from None
-        score = selfcheck.score(text)
+        score = self.recipe.judge(text)
         version = await self._version_of(replica)
         return SelfCheckResult(
             passed=score.passed,

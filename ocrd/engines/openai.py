@@ -1,4 +1,4 @@
-"""DeepSeek-OCR-2 on remote OpenAI-compatible servers (`vllm serve`): one fleet, many daemons.
+"""An OCR model on remote OpenAI-compatible servers (`vllm serve`): one fleet, many daemons.
 
 The same router as ocrd's own replicas (ocrd/engines/router.py), over servers ocrd did not
 start. Each page is sent as a PNG data URL in a chat completion with the same sampling
@@ -36,6 +36,7 @@ from ocrd.engines.registry import RouterRegistry
 from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.replicas import KNOWN_GOOD_TEXT
 from ocrd.engines.router import Router
+from ocrd.models import Model
 
 __all__ = ["OpenAiEngine", "png_data_url"]
 
@@ -53,7 +54,11 @@ def _data_url(image: Any) -> PageMedia:
 
 class OpenAiEngine(Router):
     def __init__(
-        self, config: OpenAiConfig, sampling: SamplingConfig, self_check: bool = True
+        self,
+        config: OpenAiConfig,
+        sampling: SamplingConfig,
+        self_check: bool = True,
+        recipe: Model | None = None,
     ) -> None:
         self.config = config
         self._key: str | None = None  # read at start
@@ -67,6 +72,7 @@ class OpenAiEngine(Router):
             retries=config.retries,
             retry=waits,
             what_to_do_when_garbled=WHAT_TO_DO,
+            recipe=recipe,
         )
         super().__init__("openai", listed, sampling, settings, _data_url)
         self.registry = (

@@ -40,10 +40,16 @@ from ocrd.engines.base import (
     ReplicaState,
 )
 from ocrd.engines.blame import CrashRecord
-from ocrd.engines.deepseek import PROMPTS, ngram_args
 from ocrd.engines.gate import SelfCheckGate
 from ocrd.engines.health import STARTING, summary
 from ocrd.engines.media import PageMedia
+from ocrd.engines.recipes import (
+    chat_text,
+    default_model,
+    prompt_for,
+    request_options,
+    sampling_for,
+)
 from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.routing import Dispatcher, Kind
 from ocrd.engines.sending import Busy, Failed, Gone, NeverSent, Sender
@@ -73,6 +79,8 @@ class Router:
         self.name = name
         self.sampling = sampling
         self.settings = settings
+        self.recipe = settings.recipe or default_model()
+        self.recipe_sampling = sampling_for(self.recipe, sampling)
         self.health = EngineHealth()
         self.log = get_logger(engine=name)
         self._replicas = replicas
@@ -83,9 +91,10 @@ class Router:
         self.gate = (
             SelfCheckGate(
                 self.request_body,
-                sampling.max_tokens,
+                self.recipe_sampling.max_tokens,
                 settings.request_timeout,
                 settings.what_to_do_when_garbled,
+                self.recipe,
             )
             if settings.self_check
             else None
@@ -94,7 +103,9 @@ class Router:
         self.supervisor = Supervisor(
             replicas, settings.restart, self.gate, self.health, self.log, self.dispatcher.assign
         )
-        self.sender = Sender(settings.request_timeout, self.supervisor.mark_down)
+        self.sender = Sender(
+            settings.request_timeout, self.supervisor.mark_down, self.recipe_sampling.strip
+        )
 
     # --- what the daemon reads -----------------------------------------------------------
 
@@ -197,25 +208,15 @@ class Router:
     # --- routing --------------------------------------------------------------------------
 
     def request_body(self, image_url: str, prompt: str, priority: int = 0) -> dict[str, Any]:
-        text = prompt.removeprefix("<image>").lstrip("\n")  # the server places the image
+        content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": image_url}}]
+        text = chat_text(prompt)  # the server places the image; "": the image alone
+        if text:
+            content.append({"type": "text", "text": text})
         body: dict[str, Any] = {
             "model": self.settings.model,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": image_url}},
-                        {"type": "text", "text": text},
-                    ],
-                }
-            ],
-            "temperature": 0.0,
-            "max_tokens": self.sampling.max_tokens,
-            "skip_special_tokens": False,
+            "messages": [{"role": "user", "content": content}],
+            **request_options(self.recipe_sampling),
         }
-        xargs = ngram_args(self.sampling)
-        if xargs:
-            body["vllm_xargs"] = xargs
         if self.settings.send_priority and priority:
             body["priority"] = priority
         return body
@@ -231,7 +232,7 @@ class Router:
             media = await asyncio.to_thread(self._prepare, page.image)
         del page  # the file or the PNG is all that waits for a replica, not the pixels
         try:
-            body = self.request_body(media.url, PROMPTS[mode], priority)
+            body = self.request_body(media.url, prompt_for(self.recipe, mode), priority)
             return await self._route(body, number, priority)
         finally:
             media.release()

@@ -18,7 +18,6 @@ from typing import Any
 
 from ocrd.domain import PageText
 from ocrd.engines.base import EngineError, ReplicaState
-from ocrd.engines.deepseek import END_OF_SENTENCE
 from ocrd.engines.keepers import REFUSES_US
 from ocrd.engines.link import Dropped, Unreachable
 from ocrd.engines.replica import Replica
@@ -46,8 +45,11 @@ MarkDown = Callable[[Replica, int, str], None]
 class Sender:
     """Posts pages; `mark_down(replica, generation, problem)` is told of a replica seen down."""
 
-    def __init__(self, request_timeout: float, mark_down: MarkDown) -> None:
+    def __init__(
+        self, request_timeout: float, mark_down: MarkDown, strip: tuple[str, ...] = ()
+    ) -> None:
         self.request_timeout = request_timeout
+        self.strip = strip  # the model's tokens that are no text
         self.mark_down = mark_down
         self._requests = itertools.count(1)
 
@@ -69,7 +71,7 @@ class Sender:
         if status == 200:
             if answer.data is None:
                 raise Failed(f"{replica.name}: the answer is not JSON: {answer.text[:200]}")
-            return page_text(answer.data, time.monotonic() - started, page)
+            return page_text(answer.data, time.monotonic() - started, page, self.strip)
         said = f"HTTP {status}: {answer.text[:300]}"
         if status in REFUSES_US:
             self.mark_down(replica, generation, f"refuses ocrd's {REFUSES_US[status]} ({said})")
@@ -113,12 +115,18 @@ class Sender:
         return alive and replica.generation == generation
 
 
-def page_text(answer: dict[str, Any], seconds: float, page: int | None) -> PageText:
+def page_text(
+    answer: dict[str, Any], seconds: float, page: int | None, strip: tuple[str, ...] = ()
+) -> PageText:
+    """The page's text from a chat completion, without the tokens in `strip`."""
     try:
         choice = answer["choices"][0]
         usage = answer.get("usage") or {}
+        text = choice["message"]["content"] or ""
+        for token in strip:
+            text = text.replace(token, "")
         return PageText(
-            text=(choice["message"]["content"] or "").replace(END_OF_SENTENCE, ""),
+            text=text,
             finish_reason=str(choice.get("finish_reason") or "abort"),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),

@@ -19,6 +19,7 @@ For tests of fleets and ocrd's self-check: with `--answers-test-page` it answers
 page (known by its request id, `ocrd-self-check-...`, never by its pixels) with the text
 ocrd drew on it, as a model that reads would; with `--garble` it answers everything, the
 test page too, with fluent-looking noise, as vLLM 0.19 answers DeepSeek-OCR-2 (vLLM #39919).
+With `--model NAME` its answers are in that model's format (simulated_answers.py).
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from aiohttp import web
 from PIL import Image
 
 from ocrd.config import PromptMode
-from ocrd.engines.selfcheck import expected_text
-from ocrd.engines.simulated import SimulatedEngine, fingerprint
+from ocrd.engines.recipes import default_model, prompt_for
+from ocrd.engines.simulated import fingerprint
+from ocrd.engines.simulated_answers import page_answer, test_page_answer
+from ocrd.models import model as model_named
 
 MARK = (255, 0, 255)  # magenta
 MARK_SIDE = 4  # the top-left MARK_SIDE x MARK_SIDE pixels
@@ -62,6 +65,7 @@ class SimulatedReplica:
         self.running = 0
         self.done = 0
         self.refused = False
+        self.recipe = model_named(args.model) if args.model else default_model()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
@@ -114,7 +118,10 @@ class SimulatedReplica:
         if self.args.refuse_page_once and page == self.args.refuse_page_once and not self.refused:
             self.refused = True  # a refusal of one page by a server that still serves
             return web.json_response({"error": "overloaded, try again"}, status=503)
-        mode = PromptMode.text if "Free OCR" in prompt else PromptMode.layout
+        text_prompt = prompt_for(self.recipe, PromptMode.text)
+        layout_prompt = prompt_for(self.recipe, PromptMode.layout)
+        asked_text = text_prompt != layout_prompt and text_prompt.endswith(prompt.strip() or "-")
+        mode = PromptMode.text if asked_text else PromptMode.layout
         async with self.slots:
             self.running += 1
             try:
@@ -155,8 +162,8 @@ class SimulatedReplica:
         if self.args.garble:
             return GARBLE
         if self.args.answers_test_page and request_id.startswith("ocrd-self-check"):
-            return expected_text()
-        return SimulatedEngine._text(page, size[0], size[1], digest, mode)
+            return test_page_answer(self.recipe)
+        return page_answer(self.recipe, page, size, digest, mode)
 
     def load(self, url: str) -> Image.Image:
         if url.startswith("data:"):
@@ -200,6 +207,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--garble", action="store_true")
     parser.add_argument("--answers-file", help="append each answered request's id here")
     parser.add_argument("--refuse-page-once", type=int, default=0, help="503 its first request")
+    parser.add_argument("--model", help="answer as this OCR model writes (ocrd.models' names)")
     args = parser.parse_args(argv)
     if (args.socket is None) == (args.port is None):
         parser.error("give exactly one of --socket and --port")

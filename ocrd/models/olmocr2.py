@@ -22,11 +22,12 @@ is untrusted), and is no part of the page's text.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ocrd.models.markdown_blocks import ImageBoxes, markdown_blocks
 from ocrd.models.recipe import ImageRule, ImageSize, Model, Pipeline, Prompt, Sampling, SelfCheck
-from ocrd.models.selfcheck import HARBOUR_PAGE
+from ocrd.models.selfcheck import HARBOUR_PAGE, markdown_text
 from ocrd.text.grounding import Block, Box
 
 NAME = "olmocr-2"
@@ -123,6 +124,24 @@ def parse(answer: str, image_size: ImageSize) -> list[Block]:
     return markdown_blocks(read(answer).markdown, figure_boxes(image_size))
 
 
+def write(blocks: Sequence[Block], image_size: ImageSize) -> str:
+    """Front matter, then the page's Markdown; figures named by their place in pixels of
+    the image the model saw."""
+    width, height = image_size
+    front = (
+        "---\nprimary_language: en\nis_rotation_valid: True\nrotation_correction: 0\n"
+        "is_table: False\nis_diagram: False\n---\n"
+    )
+    parts = []
+    for block in blocks:
+        if block.label == "image" and block.boxes:
+            x1, y1, x2, y2 = (round(v) for v in block.boxes[0].scaled(width, height))
+            parts.append(f"![Figure](page_{x1}_{y1}_{x2 - x1}_{y2 - y1}.png)")
+        elif block.label != "image":
+            parts.append(markdown_text([block]).rstrip("\n"))
+    return front + "\n\n".join(parts) + "\n"
+
+
 def model() -> Model:
     return Model(
         name=NAME,
@@ -140,5 +159,6 @@ def model() -> Model:
         image=ImageRule(max_long_side=1288),
         sampling=Sampling(temperature=TEMPERATURE_BY_ATTEMPT[0], max_tokens=8000),
         parse=parse,
+        write=write,
         self_check=SelfCheck(HARBOUR_PAGE, task="page", long_side=1288, max_tokens=768),
     )

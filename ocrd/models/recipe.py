@@ -10,15 +10,19 @@ image, Markdown content), and a test page it must read. Nothing here runs a mode
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ocrd.models.selfcheck import CheckPage, Score, score_blocks
+from ocrd.models.selfcheck import CheckPage, Score, markdown_text, score_blocks
 from ocrd.text.grounding import Block
 
 ImageSize = tuple[int, int]  # width, height in pixels of the image the model saw
 Parser = Callable[[str, ImageSize], list[Block]]
+# A page's blocks written as the model writes its answer (the inverse of its parser): what
+# ocrd's simulated engine answers as that model, so the daemon is tested in every model's
+# format without the model.
+Writer = Callable[[Sequence[Block], ImageSize], str]
 
 BYTES_PER_PARAMETER = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -70,6 +74,8 @@ class NgramGuard:
     size: int
     window: int
     whitelist_token_ids: tuple[int, ...] = ()
+    # The vLLM logits processor that applies it (`--logits-processors`), in the model's code.
+    processor: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ class Model:
     sampling: Sampling
     parse: Parser = field(repr=False)
     self_check: SelfCheck
+    write: Writer = field(repr=False, default=lambda blocks, size: markdown_text(blocks))
 
     def prompt(self, task: str) -> str:
         for prompt in self.prompts:

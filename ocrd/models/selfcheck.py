@@ -60,6 +60,34 @@ HARBOUR_PAGE = CheckPage(
 )
 
 
+def markdown_text(blocks: Sequence[Block], figure: str = "![image](image_{n}.png)") -> str:
+    """Blocks as plain Markdown (a block's content is Markdown already, a heading's `#`
+    included), figures as links (`figure` with their number); one paragraph each."""
+    parts, figures = [], 0
+    for block in blocks:
+        if block.label == "image":
+            figures += 1
+            parts.append(figure.format(n=figures))
+        else:
+            parts.append(block.content)
+    return "\n\n".join(parts) + "\n"
+
+
+def page_blocks(page: CheckPage) -> list[Block]:
+    """The test page as the blocks a model that reads it makes: its title, its lines, its
+    table (as Markdown), each with the box it has on the page (roughly)."""
+    from ocrd.text.grounding import Box
+
+    rows = ["| " + " | ".join(row) + " |" for row in page.table]
+    rows.insert(1, "|" + "---|" * len(page.table[0]))
+    blocks = [Block("title", (Box.normalised(60, 60, 700, 140),), f"# {page.title}")]
+    for index, line in enumerate(page.lines):
+        top = 200 + index * 60
+        blocks.append(Block("text", (Box.normalised(60, top, 940, top + 50),), line))
+    blocks.append(Block("table", (Box.normalised(60, 420, 700, 900),), "\n".join(rows)))
+    return blocks
+
+
 @dataclass(frozen=True)
 class Score:
     found: int

@@ -104,6 +104,7 @@ def format_status(report: StatusReport) -> str:
         lines.append(f"engine replicas: {report.engine_summary}")
         for replica in report.replicas:
             device = f" on {replica.device}" if replica.device else ""
+            device += f" serving {replica.model}" if replica.model else ""
             check = f", self-check {replica.self_check}" if replica.self_check else ""
             problem = f": {replica.problem}" if replica.problem else ""
             lines.append(
@@ -113,15 +114,17 @@ def format_status(report: StatusReport) -> str:
             )
     for inbox in report.inboxes:
         watching = "" if inbox.watching else " (not watched)"
-        lines.append(f"inbox {inbox.path}{watching}: {inbox.waiting_count} waiting")
+        model = f" (model {inbox.model})" if inbox.model else ""
+        lines.append(f"inbox {inbox.path}{watching}{model}: {inbox.waiting_count} waiting")
         if len(inbox.instances) > 1:
             lines += [_instance_line(instance) for instance in inbox.instances]
         for blocked in inbox.blocked:
             lines.append(f"  cannot take {blocked.path}: {blocked.reason}; fix: {blocked.fix}")
         for document in inbox.in_flight:
             pages = f"{document.pages_done}/{document.pages}" if document.pages else "opening"
+            by = f" by {document.model}" if document.model else ""
             lines.append(
-                f"  converting {document.path}: page {pages}, "
+                f"  converting {document.path}{by}: page {pages}, "
                 f"{_duration(document.seconds)} so far, {_duration(document.eta_seconds)} left"
             )
         for waiting in inbox.waiting[:10]:
