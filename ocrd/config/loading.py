@@ -54,18 +54,6 @@ class Config(ConfigFile):
             seen[inbox.work] = inbox.path
         return self
 
-    @model_validator(mode="after")
-    def _models_served(self) -> Config:
-        served = self.engine.served_models
-        for inbox in self.inboxes:
-            if inbox.model not in served:
-                raise ValueError(
-                    f"inbox {inbox.path} names the model {inbox.model!r}, which no engine "
-                    f"serves (served: {', '.join(served)}); add it under engine.models, or "
-                    "name a served model"
-                )
-        return self
-
 
 def _location(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []
