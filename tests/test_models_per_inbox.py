@@ -367,3 +367,35 @@ def test_each_models_request_carries_its_recipe() -> None:
     assert (lighton["temperature"], lighton["top_p"], lighton["max_tokens"]) == (0.2, 0.9, 4096)
     assert "vllm_xargs" not in lighton and "vllm_xargs" not in olm
     assert "front matter" in olm["messages"][0]["content"][1]["text"]
+
+
+def engine_of(engine: dict[str, Any]) -> Any:
+    return parse_config({"inboxes": [{"path": "/srv/a/inbox"}], "engine": engine}, Path("/")).engine
+
+
+def test_models_sharing_a_gpu_must_share_its_memory_out() -> None:
+    """Two models' vLLM engines on one GPU, each asking for 0.9 of its memory, cannot both
+    start: refused before either loads, naming the shares; shares that fit, or separate
+    GPUs, are accepted (the check passes and the engines are built)."""
+    too_much = engine_of({"kind": "vllm", "vllm": {"gpus": [0]}, "models": {"lightonocr-2": {}}})
+    with pytest.raises(ValueError, match="more than all of GPU 0's memory") as refused:
+        create_engine(too_much, "vllm")
+    assert "deepseek-ocr-2 0.9, lightonocr-2 0.9" in str(refused.value)
+
+    from ocrd.engines.models import check_gpu_shares
+
+    shared = engine_of(
+        {
+            "kind": "vllm",
+            "vllm": {"gpus": [0], "gpu_memory_utilization": 0.55},
+            "models": {"lightonocr-2": {"vllm": {"gpu_memory_utilization": 0.3}}},
+        }
+    )
+    apart = engine_of(
+        {"kind": "vllm", "vllm": {"gpus": [0]}, "models": {"olmocr-2": {"vllm": {"gpus": [1]}}}}
+    )
+    for config in (shared, apart):
+        check_gpu_shares([(name, config.for_model(name)) for name in config.served_models])
+    lighton = shared.for_model("lightonocr-2")
+    assert lighton.vllm.gpus == (0,) and lighton.vllm.gpu_memory_utilization == 0.3
+    assert "model" not in lighton.vllm.model_fields_set  # the model's own weights, not DeepSeek's

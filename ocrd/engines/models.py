@@ -187,7 +187,7 @@ def served_config(config: EngineConfig, recipe: Model) -> EngineConfig:
 def model_engines(config: EngineConfig, kind: str, build: Build) -> Engine:
     """The engine of every served model (`build` makes one of a kind, for a model), as
     one; ValueError for a model ocrd does not know."""
-    engines = []
+    planned = []
     for name in config.served_models:
         try:
             recipe = model_named(name)
@@ -196,10 +196,34 @@ def model_engines(config: EngineConfig, kind: str, build: Build) -> Engine:
             raise ValueError(f"{where}: {error.args[0]}") from None
         settings = config.for_model(name)
         chosen = kind if settings.kind == config.kind else _kind_of(settings)
-        engines.append(ModelEngine(recipe, build(served_config(settings, recipe), chosen, recipe)))
+        planned.append((recipe, served_config(settings, recipe), chosen))
+    check_gpu_shares([(r.name, settings) for r, settings, chosen in planned if chosen == "vllm"])
+    engines = [ModelEngine(r, build(settings, chosen, r)) for r, settings, chosen in planned]
     # ModelEngines' health is its parts', worked out when read: a property, not the
     # attribute the protocol names (nothing outside an engine sets it).
     return engines[0] if len(engines) == 1 else cast(Engine, ModelEngines(engines))
+
+
+def check_gpu_shares(served: list[tuple[str, EngineConfig]]) -> None:
+    """ValueError where the vLLM engines of several models would ask one GPU for more than
+    all of its memory (`gpus: auto` shares every GPU; a KV cache given in bytes is not a
+    share)."""
+    shares = [
+        (name, settings.vllm.gpus, settings.vllm.gpu_memory_utilization)
+        for name, settings in served
+        if settings.vllm.kv_cache_memory_bytes is None
+    ]
+    devices = {str(d) for _, gpus, _ in shares if gpus != "auto" for d in gpus} or {"auto"}
+    for device in sorted(devices):
+        on_it = [(n, s) for n, gpus, s in shares if gpus == "auto" or device in map(str, gpus)]
+        if len(on_it) > 1 and sum(share for _, share in on_it) > 1.0:
+            listed = ", ".join(f"{name} {share:g}" for name, share in on_it)
+            where = "every GPU" if device == "auto" else f"GPU {device}"
+            raise ValueError(
+                f"the models' vLLM engines would take more than all of {where}'s memory "
+                f"(vllm.gpu_memory_utilization: {listed}); give each model a share so "
+                "that they add up to at most 1, or its own vllm.gpus"
+            )
 
 
 def _kind_of(settings: EngineConfig) -> str:
