@@ -11,12 +11,16 @@ with text in the shape of DeepSeek-OCR-2's grounding output, and can be switched
 - `api_key`: requests without `Authorization: Bearer <key>` get `401`;
 - `garbled = True`: ocrd's self-check page is answered with noise (as vLLM 0.19 answers
   DeepSeek-OCR-2); otherwise the stand-in "reads" it by answering the text ocrd drew on it
-  (it knows the self-check request by its request id, not by its pixels);
+  (it knows the test page by its pixels: nothing in ocrd's request tells it from a page);
+  every request's method, path and headers are kept in `requests`;
 - `crash_on_marked_pages = True`: a page whose top-left corner is magenta makes the server
   go away (in-flight requests dropped, as a crashing server's are) and come back a moment
   later, as a server under a supervisor would.
 
 It is named a stand-in everywhere it is used: it reads nothing on the page.
+
+`StandInRouter` is a stand-in for a router's worker API (`GET /workers`): it lists what it
+is told, or answers an endless body (`endless_bytes`), as a hostile router would.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import hashlib
 import io
 import json
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,8 +48,11 @@ def free_port() -> int:
 
 
 class StandInFleetServer:
-    def __init__(self, delay: float = 0.2, api_key: str | None = None) -> None:
+    def __init__(
+        self, delay: float = 0.2, api_key: str | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.port = free_port()
+        self.tls = tls  # serve https with this (server-side) context
         self.delay = delay
         self.api_key = api_key
         self.refuse_pages = False
@@ -54,6 +62,9 @@ class StandInFleetServer:
         self.self_checks = 0
         self.answered = 0
         self.dropped = 0
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        # Each chat request: its headers, its body, and whether it carried the test page.
+        self.posts: list[tuple[dict[str, str], dict[str, Any], bool]] = []
         self._server: ThreadingHTTPServer | None = None
         self._generation = 0
         self._lock = threading.Lock()
@@ -61,6 +72,9 @@ class StandInFleetServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    def https_url(self, host: str) -> str:
+        return f"https://{host}:{self.port}/v1"
 
     def start(self) -> None:
         fleet = self
@@ -70,6 +84,7 @@ class StandInFleetServer:
                 return None
 
             def do_GET(self) -> None:
+                fleet._record(self)
                 if not fleet._authorised(self):
                     return self._json(401, {"error": "invalid api key"})
                 if self.path.rstrip("/") != "/v1/models":
@@ -78,10 +93,14 @@ class StandInFleetServer:
 
             def do_POST(self) -> None:
                 generation = fleet._generation
+                fleet._record(self)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if not fleet._authorised(self):
                     return self._json(401, {"error": "invalid api key"})
-                if self.headers.get("X-Request-Id", "").startswith("ocrd-self-check"):
+                test_page = _is_test_page(body)
+                with fleet._lock:
+                    fleet.posts.append((dict(self.headers.items()), body, test_page))
+                if test_page:
                     with fleet._lock:
                         fleet.self_checks += 1
                     return self._json(200, fleet._self_check_answer())
@@ -113,6 +132,8 @@ class StandInFleetServer:
         ThreadingHTTPServer.allow_reuse_address = True
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
+        if self.tls is not None:  # a handshake that fails never reaches the handler
+            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self._server = server
 
@@ -137,6 +158,10 @@ class StandInFleetServer:
             "usage": {"prompt_tokens": 257, "completion_tokens": 120},
         }
 
+    def _record(self, handler: BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            self.requests.append((handler.command, handler.path, dict(handler.headers.items())))
+
     def _authorised(self, handler: BaseHTTPRequestHandler) -> bool:
         return self.api_key is None or handler.headers.get("Authorization") == (
             f"Bearer {self.api_key}"
@@ -157,12 +182,86 @@ class StandInFleetServer:
         }
 
 
+def _image(body: dict[str, Any]) -> Image.Image:
+    content = body["messages"][0]["content"]
+    url = next(part["image_url"]["url"] for part in content if part["type"] == "image_url")
+    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+
+
 def _marked(body: dict[str, Any]) -> bool:
     from ocrd.engines.simulated_server import marked
 
-    content = body["messages"][0]["content"]
-    url = next(part["image_url"]["url"] for part in content if part["type"] == "image_url")
-    return marked(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))))
+    return marked(_image(body))
+
+
+def _is_test_page(body: dict[str, Any]) -> bool:
+    """Whether the page sent is ocrd's test page: its pixels are selfcheck.check_page()'s."""
+    from ocrd.engines.selfcheck import check_page
+
+    image, test = _image(body).convert("RGB"), check_page()
+    return image.size == test.size and image.tobytes() == test.tobytes()
+
+
+class StandInRouter:
+    """A router's `GET /workers` on loopback: lists `workers`, or, with `endless_bytes`,
+    answers a body of that many bytes (a JSON list that never closes) without a length."""
+
+    def __init__(self, workers: list[str]) -> None:
+        self.port = free_port()
+        self.workers = workers
+        self.endless_bytes = 0
+        self.sent = 0  # bytes of the last endless answer that went out
+        self.reads = 0
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        router = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"  # the body ends when the connection closes
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+            def do_GET(self) -> None:
+                router.reads += 1
+                if self.path != "/workers":
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                if router.endless_bytes:
+                    router._endless(self)
+                    return
+                listed = [{"url": url} for url in router.workers]
+                self.wfile.write(json.dumps({"workers": listed}).encode())
+
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._server = server
+
+    def _endless(self, handler: BaseHTTPRequestHandler) -> None:
+        entry = b'{"url": "http://127.0.0.1:9"}, ' * 2048
+        self.sent = 0
+        try:
+            handler.wfile.write(b'{"workers": [')
+            while self.sent < self.endless_bytes:
+                handler.wfile.write(entry)
+                self.sent += len(entry)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the reader gave up: what it should do
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
 
 def fleet_config(tmp_path: Path, fleet: StandInFleetServer, **openai: object) -> Path:

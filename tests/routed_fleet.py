@@ -1,7 +1,7 @@
 """A fleet behind the real `vllm-router` (PyPI, pinned in the test extra): workers are ocrd's
 simulated servers (`python -m ocrd.engines.simulated_server`, real processes on loopback
-ports, which read nothing: they answer ocrd's test page by its request id, or garble when
-told), the router is the real Rust binary, started and driven through its own worker API.
+ports, which read nothing: they answer ocrd's test page, known by its pixels, or garble
+when told), the router is the real Rust binary, started and driven through its own worker API.
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ class Worker:
         garble: bool = False,
         exit_on_marked_pages: bool = False,
         refuse_page_once: int = 0,
+        reads_first: int = 0,
     ) -> None:
         self.number = number
+        self.reads_first = reads_first
+        self.requests = folder / f"worker{number}.requests"
         self.refuse_page_once = refuse_page_once
         self.port = free_port()
         self.answers = folder / f"worker{number}.answers"
@@ -103,7 +106,11 @@ class Worker:
             "--answers-test-page",
             "--answers-file",
             str(self.answers),
+            "--record-file",
+            str(self.requests),
         ]
+        if self.reads_first:
+            argv += ["--reads-first", str(self.reads_first)]
         if self.garble:
             argv.append("--garble")
         if self.exit_on_marked_pages:
@@ -137,12 +144,21 @@ class Worker:
         self._watching = False
         self.kill()
 
-    def answered_pages(self) -> list[str]:
-        """The request ids of the pages it answered (not ocrd's test page)."""
+    def answered(self) -> list[tuple[str, bool]]:
+        """The request id of each request it answered, and whether it was ocrd's test page
+        (which the worker knows by its pixels; ocrd's request does not say)."""
         if not self.answers.exists():
             return []
-        ids = self.answers.read_text().split()
-        return [i for i in ids if not i.startswith("ocrd-self-check")]
+        lines = [line.split() for line in self.answers.read_text().splitlines() if line]
+        return [(words[0], words[1:] == ["test-page"]) for words in lines]
+
+    def answered_pages(self) -> list[str]:
+        """The request ids of the pages it answered (not ocrd's test page)."""
+        return [request_id for request_id, test_page in self.answered() if not test_page]
+
+    def received(self) -> list[str]:
+        """Every request it received: 'METHOD path Authorization-header' (or '-')."""
+        return self.requests.read_text().splitlines() if self.requests.exists() else []
 
 
 class VllmRouter:

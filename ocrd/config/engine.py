@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -74,6 +77,17 @@ class OpenAiConfig(Strict):
     # pages directly, as a listed server would be (README, "Fleets behind vllm-router").
     router_url: str | None = None
     router_poll_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # Which of the router's workers get pages (and the API key): hosts, CIDR networks of
+    # IP addresses, or host:port. Unset: the router's own host. A worker listed beyond
+    # these is refused (no request at all). base_urls are trusted as listed.
+    trusted_workers: tuple[str, ...] | None = None
+    # Only https servers (base_urls, router and workers), their certificate checked
+    # against the system's CAs or `tls_ca` (a PEM file), its name against the URL's host.
+    require_tls: bool = False
+    tls_ca: str | None = None
+    # A server that serves is asked to read ocrd's test page again, unannounced, after a
+    # random wait between half and one and a half times this (0: never).
+    self_check_repeat_seconds: Annotated[float, Field(ge=0)] = 900.0
 
     @model_validator(mode="after")
     def _one_source_of_servers(self) -> OpenAiConfig:
@@ -82,7 +96,52 @@ class OpenAiConfig(Strict):
                 "list the servers in base_urls or name the router that lists them in "
                 "router_url, not both"
             )
+        if self.trusted_workers is not None and self.router_url is None:
+            raise ValueError("trusted_workers needs router_url (base_urls are trusted as listed)")
+        for entry in self.trusted_workers or ():
+            trusted_entry(entry)
+        if self.require_tls:
+            named = [*([self.router_url] if self.router_url else self.base_urls)]
+            plain = [url for url in named if urlsplit(url).scheme != "https"]
+            if plain:
+                raise ValueError(f"require_tls: these are not https URLs: {', '.join(plain)}")
         return self
+
+
+@dataclass(frozen=True)
+class TrustedEntry:
+    """One entry of `trusted_workers`: a network (of IP addresses), or a host name or IP
+    address, with or without a port."""
+
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network | None
+    host: str | None
+    port: int | None
+
+
+def trusted_entry(entry: str) -> TrustedEntry:
+    """Parse one `trusted_workers` entry; ValueError naming it if it is none of a host, a
+    CIDR network, host:port or a URL."""
+    text = entry.strip()
+    if "/" in text and "://" not in text:
+        try:
+            return TrustedEntry(ipaddress.ip_network(text, strict=False), None, None)
+        except ValueError:
+            raise ValueError(f"trusted_workers: {entry!r} is not a CIDR network") from None
+    try:
+        return TrustedEntry(None, str(ipaddress.ip_address(text)), None)  # also a bare IPv6
+    except ValueError:
+        pass
+    parts = urlsplit(text if "://" in text else f"//{text}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"trusted_workers: {entry!r} has no valid port") from None
+    host = parts.hostname
+    if not host or parts.username is not None or parts.path not in ("", "/"):
+        raise ValueError(
+            f"trusted_workers: {entry!r} is not a host, host:port, CIDR network or URL"
+        )
+    return TrustedEntry(None, host.lower(), port)
 
 
 class RapidOcrConfig(Strict):

@@ -105,6 +105,7 @@ class ReplicaState(StrEnum):
     garbled = "garbled"  # it answers but did not read the test page: it gets no pages
     down = "down"  # died, hangs or does not answer: restarted (or probed) with backoff
     stopped = "stopped"
+    refused = "refused"  # a router lists it but the operator does not trust it: sent nothing
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,17 @@
 """The self-check gate: a replica gets pages only once it has read ocrd's test page
-(selfcheck.py), at its start and after each restart or reconnection. One that answers
-without reading it is garbled; one that does not answer is not up yet."""
+(selfcheck.py), at its start and after each restart or reconnection, and again at
+unannounced times while it serves (supervision.py). One that answers without reading it is
+garbled; one that does not answer is not up yet.
+
+The test page goes as a page goes: the same request body (the prompt of the pages sent
+lately, the pages' max_tokens) and an id from the pages' own sequence with a page number,
+no header of its own; so a server cannot answer the check well and the work badly by
+telling them apart by the request."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import time
 from collections.abc import Callable
@@ -12,24 +19,28 @@ from typing import Any
 
 from PIL import Image
 
+from ocrd.config import PromptMode
 from ocrd.engines.base import EngineError, SelfCheckResult
 from ocrd.engines.checkpage import draw_check_page
 from ocrd.engines.keepers import ReplicaUnavailable
 from ocrd.engines.link import LinkError
 from ocrd.engines.media import PageMedia
-from ocrd.engines.recipes import default_model
+from ocrd.engines.recipes import default_model, prompt_for
 from ocrd.engines.replica import Replica
 from ocrd.engines.sending import page_text
 from ocrd.models import Model
 
 RequestBody = Callable[[str, str], dict[str, Any]]  # (image URL, prompt) -> request body
+RequestId = Callable[[int], str]  # page number -> the next request's id
+PAGE_NUMBERS = 30  # the test page passes for page 1 to this of some document
 
 
 class SelfCheckGate:
     def __init__(
         self,
         request_body: RequestBody,
-        max_tokens: int,
+        request_id: RequestId,
+        recent_mode: Callable[[], PromptMode],
         request_timeout: float,
         what_to_do: str,
         recipe: Model | None = None,
@@ -37,10 +48,12 @@ class SelfCheckGate:
         # The model's own test page, prompt and judge (its parser makes the blocks).
         self.recipe = recipe or default_model()
         self.request_body = request_body
-        self.max_tokens = min(self.recipe.self_check.max_tokens, max_tokens)
+        self.request_id = request_id
+        self.recent_mode = recent_mode  # the prompt mode of the pages sent lately
         self.request_timeout = request_timeout
         self.what_to_do = what_to_do
         self._media: PageMedia | None = None
+        self._draws = random.SystemRandom()
 
     async def open(self, prepare: Callable[[Image.Image], PageMedia]) -> None:
         """Draw the test page once, in the form the replicas take pages."""
@@ -55,10 +68,10 @@ class SelfCheckGate:
     async def read_test_page(self, replica: Replica) -> SelfCheckResult:
         """How well the replica reads the page; ReplicaUnavailable if it does not answer."""
         assert self._media is not None
-        body = self.request_body(self._media.url, self.recipe.prompt(self.recipe.self_check.task))
-        body["max_tokens"] = self.max_tokens
+        # The model's prompt for the pages sent lately, as a page of them would go.
+        body = self.request_body(self._media.url, prompt_for(self.recipe, self.recent_mode()))
         started = time.monotonic()
-        request_id = f"ocrd-self-check-{replica.name}-{replica.generation}"
+        request_id = self.request_id(self._draws.randint(1, PAGE_NUMBERS))
         try:
             answer = await replica.link.post(
                 "/chat/completions", body, self.request_timeout, request_id
@@ -95,6 +108,11 @@ class SelfCheckGate:
             return None
         version = (answer.data or {}).get("version") if answer.status == 200 else None
         return str(version) if version else None
+
+    def next_recheck(self, mean_seconds: float) -> float:
+        """Seconds until a serving replica's next unannounced check: drawn between half and
+        one and a half times the mean, so that a server cannot expect it."""
+        return self._draws.uniform(0.5 * mean_seconds, 1.5 * mean_seconds)
 
     def garbled_problem(self, replica: Replica, result: SelfCheckResult) -> str:
         version = f"vLLM {result.vllm_version}" if result.vllm_version else "its vLLM"

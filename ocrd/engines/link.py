@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,14 @@ class ServerLink:
         api_key: str | None = None,
         socket: Path | None = None,
         connections: int = 100,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")  # ".../v1"
         self.root = self.base_url.removesuffix("/v1")  # /health, /metrics, /version live here
         self.api_key = api_key
         self.socket = socket
         self.connections = connections
+        self.tls = tls  # None: the system's CAs (https URLs are always verified)
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -84,7 +87,9 @@ class ServerLink:
             )
         else:
             connector = aiohttp.TCPConnector(
-                limit=self.connections, keepalive_timeout=KEEPALIVE_SECONDS
+                limit=self.connections,
+                keepalive_timeout=KEEPALIVE_SECONDS,
+                ssl=self.tls if self.tls is not None else True,
             )
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._session = aiohttp.ClientSession(connector=connector, headers=headers)

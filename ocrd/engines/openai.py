@@ -18,24 +18,28 @@ counts against the page (`retries`, with backoff, then the page fails); a page t
 refuses as invalid (400, 413, 422) fails at once.
 
 With `router_url` the servers are the workers a router lists (registry.py): they join and
-leave while ocrd runs, and each is sent its pages directly, as a listed server.
+leave while ocrd runs, and each is sent its pages directly, as a listed server; a worker
+outside `trusted_workers` (trust.py) is shown refused and sent nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from typing import Any
 
 from ocrd.backoff import Backoff
 from ocrd.config import OpenAiConfig, SamplingConfig
+from ocrd.engines.base import ReplicaFacts, ReplicaState
 from ocrd.engines.keepers import RemoteKeeper
 from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageMedia, png_data_url
-from ocrd.engines.registry import RouterRegistry
+from ocrd.engines.registry import Refusal, RouterLink, RouterRegistry
 from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.replicas import KNOWN_GOOD_TEXT
 from ocrd.engines.router import Router
+from ocrd.engines.trust import WorkerTrust
 from ocrd.models import Model
 
 __all__ = ["OpenAiEngine", "png_data_url"]
@@ -62,6 +66,7 @@ class OpenAiEngine(Router):
     ) -> None:
         self.config = config
         self._key: str | None = None  # read at start
+        self._tls = _tls_context(config)
         waits = Backoff(first=config.retry_backoff_seconds, cap=MAX_BACKOFF_SECONDS)
         listed = [] if config.router_url else [self._server(url) for url in config.base_urls]
         settings = RouterSettings(
@@ -73,12 +78,14 @@ class OpenAiEngine(Router):
             retry=waits,
             what_to_do_when_garbled=WHAT_TO_DO,
             recipe=recipe,
+            self_check_repeat=config.self_check_repeat_seconds,
         )
         super().__init__("openai", listed, sampling, settings, _data_url)
         self.registry = (
             RouterRegistry(
-                ServerLink(config.router_url, connections=2),
+                RouterLink(config.router_url, self._tls),
                 config.router_poll_seconds,
+                WorkerTrust.of(config),
                 self._join,
                 self._leave,
                 self.log,
@@ -87,10 +94,19 @@ class OpenAiEngine(Router):
             else None
         )
         self._following: asyncio.Task[None] | None = None
+        self._refused_seen: dict[str, Refusal] = {}
 
     def _server(self, url: str, name: str | None = None) -> Replica:
-        link = ServerLink(url, self._key, connections=self.config.max_concurrency + 1)
+        link = ServerLink(
+            url, self._key, connections=self.config.max_concurrency + 1, tls=self._tls
+        )
         return Replica(name or url, link, RemoteKeeper(link), self.config.max_concurrency)
+
+    @property
+    def replicas(self) -> list[ReplicaFacts]:
+        """The fleet's servers, and the workers the router lists that ocrd refuses."""
+        refused = self.registry.refused.values() if self.registry is not None else ()
+        return [*super().replicas, *(_refused_facts(r) for r in refused)]
 
     async def start(self) -> None:
         self._key = os.environ.get(self.config.api_key_env) or None  # a reload may change it
@@ -114,6 +130,12 @@ class OpenAiEngine(Router):
                 await self.registry.refresh()
             except Exception:  # a bug must not end the following silently
                 self.log.exception("engine.registry_error", router=self.registry.link.root)
+            if self._refused_seen != self.registry.refused:  # the status shows them
+                changed = {**self._refused_seen, **self.registry.refused}.values()
+                self._refused_seen = dict(self.registry.refused)
+                for callback in self.supervisor.on_change:
+                    for refusal in changed:
+                        callback(_refused_facts(refusal))
             if self.supervisor.fleet_problem != self.registry.problem:
                 self.supervisor.fleet_problem = self.registry.problem
                 self.supervisor.judge()
@@ -136,3 +158,30 @@ class OpenAiEngine(Router):
         if self.registry is not None:
             await self.registry.link.close()
         await super().stop()
+
+
+def _tls_context(config: OpenAiConfig) -> ssl.SSLContext | None:
+    """The certificates https servers are checked against: `tls_ca`, or (None) the
+    system's; either way the certificate's name must match the URL's host."""
+    if config.tls_ca is None:
+        return None
+    return ssl.create_default_context(cafile=config.tls_ca)
+
+
+def _refused_facts(refusal: Refusal) -> ReplicaFacts:
+    return ReplicaFacts(
+        name=refusal.url,
+        address=refusal.url,
+        device=None,
+        state=ReplicaState.refused,
+        since=refusal.since,
+        capacity=0,
+        in_flight=0,
+        pages_done=0,
+        pages_failed=0,
+        restarts=0,
+        deaths_with_pages=0,
+        self_check=None,
+        problem=f"refused: {refusal.reason}",
+        pid=None,
+    )

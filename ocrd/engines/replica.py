@@ -88,6 +88,7 @@ class RouterSettings:
     local: bool = False  # ocrd started the replicas: if none ever starts, start() fails
     what_to_do_when_garbled: str = ""
     recipe: Model | None = None  # the OCR model served (None: ocrd.models.DEFAULT)
+    self_check_repeat: float = 0.0  # mean seconds between unannounced checks (0: none)
 
 
 def settle(future: asyncio.Future[None] | None) -> None:

@@ -88,10 +88,14 @@ class Router:
         self.page_folder = page_folder  # where local replicas read pages (None: a fleet)
         self._cleanup = cleanup
         self._tasks: dict[Replica, asyncio.Task[None]] = {}
+        self.recent_mode = PromptMode.layout  # the test page goes with the pages' prompt
+        self.dispatcher = Dispatcher(replicas)
+        self.sender = Sender(settings.request_timeout, self._mark_down, self.recipe_sampling.strip)
         self.gate = (
             SelfCheckGate(
                 self.request_body,
-                self.recipe_sampling.max_tokens,
+                self.sender.request_id,
+                lambda: self.recent_mode,
                 settings.request_timeout,
                 settings.what_to_do_when_garbled,
                 self.recipe,
@@ -99,13 +103,13 @@ class Router:
             if settings.self_check
             else None
         )
-        self.dispatcher = Dispatcher(replicas)
         self.supervisor = Supervisor(
             replicas, settings.restart, self.gate, self.health, self.log, self.dispatcher.assign
         )
-        self.sender = Sender(
-            settings.request_timeout, self.supervisor.mark_down, self.recipe_sampling.strip
-        )
+        self.supervisor.recheck_seconds = settings.self_check_repeat
+
+    def _mark_down(self, replica: Replica, generation: int, problem: str) -> None:
+        self.supervisor.mark_down(replica, generation, problem)
 
     # --- what the daemon reads -----------------------------------------------------------
 
@@ -227,6 +231,7 @@ class Router:
         is the engine's from then on: removed once answered. Other pages are written there
         (local replicas) or encoded as PNG (a fleet)."""
         number = page.number
+        self.recent_mode = mode
         media = self._own_file(page.image)
         if media is None:
             media = await asyncio.to_thread(self._prepare, page.image)

@@ -57,7 +57,7 @@ class Sender:
         self, replica: Replica, body: dict[str, Any], page: int, generation: int
     ) -> PageText:
         started = time.monotonic()
-        request_id = f"ocrd-{next(self._requests)}-page-{page}"
+        request_id = self.request_id(page)
         try:
             answer = await replica.link.post(
                 "/chat/completions", body, self.request_timeout, request_id
@@ -83,6 +83,11 @@ class Sender:
         raise EngineError(
             f"the server at {replica.link.address} refused page {page}: {said}", page, False
         )
+
+    def request_id(self, page: int) -> str:
+        """The next request's id (ocrd's test page takes its ids from here too, so that a
+        server cannot tell it from a page by its id)."""
+        return f"ocrd-{next(self._requests)}-page-{page}"
 
     async def _gone_or_failed(self, replica: Replica, generation: int, problem: str) -> Exception:
         """After a broken request: did the replica go down (the page was in flight at its

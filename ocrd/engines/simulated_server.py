@@ -16,10 +16,15 @@ a stand-in for a page that crashes the engine; with `--refuse-page-once N` the f
 for page N is answered 503, as a loaded server refuses one request and serves on.
 
 For tests of fleets and ocrd's self-check: with `--answers-test-page` it answers ocrd's test
-page (known by its request id, `ocrd-self-check-...`, never by its pixels) with the text
-ocrd drew on it, as a model that reads would; with `--garble` it answers everything, the
-test page too, with fluent-looking noise, as vLLM 0.19 answers DeepSeek-OCR-2 (vLLM #39919).
-With `--model NAME` its answers are in that model's format (simulated_answers.py).
+page with the text ocrd drew on it, as a model that reads would. It knows the page by its
+pixels (the same as selfcheck.check_page() draws): nothing in ocrd's request tells the test
+page from a page. With `--garble` it answers everything, the test page too, with
+fluent-looking noise, as vLLM 0.19 answers DeepSeek-OCR-2 (vLLM #39919); with
+`--reads-first N` it reads its first N requests and garbles all later ones, as a server
+that guesses which request is the check would. `--record-file` appends one line per request
+it receives (method, path, the Authorization header it was sent), for tests of what a
+server is sent. With `--model NAME` its answers are in that model's format
+(simulated_answers.py), and the test page it knows is that model's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from aiohttp import web
 from PIL import Image
 
 from ocrd.config import PromptMode
+from ocrd.engines.checkpage import draw_check_page
 from ocrd.engines.recipes import default_model, prompt_for
 from ocrd.engines.simulated import fingerprint
 from ocrd.engines.simulated_answers import page_answer, test_page_answer
@@ -66,9 +72,26 @@ class SimulatedReplica:
         self.done = 0
         self.refused = False
         self.recipe = model_named(args.model) if args.model else default_model()
+        self._test_page: Image.Image | None = None
+
+    def is_test_page(self, image: Image.Image) -> bool:
+        if self._test_page is None:  # the model's test page, as ocrd draws it
+            check = self.recipe.self_check
+            self._test_page = draw_check_page(check.page, check.long_side)
+        test = self._test_page
+        return image.size == test.size and image.convert("RGB").tobytes() == test.tobytes()
+
+    @web.middleware
+    async def record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.args.record_file:
+            authorization = request.headers.get("Authorization", "-")
+            with open(self.args.record_file, "a") as record:
+                record.write(f"{request.method} {request.path} {authorization}\n")
+        response: web.StreamResponse = await handler(request)
+        return response
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[self.record])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
@@ -112,6 +135,7 @@ class SimulatedReplica:
             print(f"simulated replica {self.args.replica}: marked page, exiting", flush=True)
             os._exit(CRASH_STATUS)
         size, digest = image.size, fingerprint(image)
+        test_page = self.args.answers_test_page and self.is_test_page(image)
         del image
         request_id = request.headers.get("X-Request-Id", "")
         page = _page_number(request_id)
@@ -131,13 +155,13 @@ class SimulatedReplica:
         self.done += 1
         if self.args.answers_file:  # one line per answer, kept across restarts (tests)
             with open(self.args.answers_file, "a") as answers:
-                answers.write(request_id + "\n")
+                answers.write(request_id + (" test-page\n" if test_page else "\n"))
         unfinished = (
             mode is PromptMode.layout
             and self.args.unfinished_every > 0
             and page % self.args.unfinished_every == 0
         )
-        text = self.text(request_id, page, size, digest, mode)
+        text = self.text(test_page, page, size, digest, mode)
         return web.json_response(
             {
                 "object": "chat.completion",
@@ -157,11 +181,11 @@ class SimulatedReplica:
         )
 
     def text(
-        self, request_id: str, page: int, size: tuple[int, int], digest: str, mode: PromptMode
+        self, test_page: bool, page: int, size: tuple[int, int], digest: str, mode: PromptMode
     ) -> str:
-        if self.args.garble:
+        if self.args.garble or (self.args.reads_first and self.done > self.args.reads_first):
             return GARBLE
-        if self.args.answers_test_page and request_id.startswith("ocrd-self-check"):
+        if test_page:
             return test_page_answer(self.recipe)
         return page_answer(self.recipe, page, size, digest, mode)
 
@@ -206,6 +230,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--answers-test-page", action="store_true")
     parser.add_argument("--garble", action="store_true")
     parser.add_argument("--answers-file", help="append each answered request's id here")
+    parser.add_argument("--reads-first", type=int, default=0, help="then garbles")
+    parser.add_argument("--record-file", help="append each request's method, path, key")
     parser.add_argument("--refuse-page-once", type=int, default=0, help="503 its first request")
     parser.add_argument("--model", help="answer as this OCR model writes (ocrd.models' names)")
     args = parser.parse_args(argv)

@@ -2,7 +2,9 @@
 probes the server), proves it reads (the self-check gate), serves until it goes down,
 takes it down, waits with backoff (Backoff), and starts again. The others keep working
 meanwhile. A garbled replica is asked to read the test page again now and then (someone
-may have fixed the server). Every change of a replica's state is told to the router's
+may have fixed the server); a serving one too, at random times (`recheck_seconds` on
+average), so that a server that read the test page and then answers work badly is caught
+and taken out of rotation. Every change of a replica's state is told to the router's
 listeners and judged into the fleet's health (health.py).
 """
 
@@ -46,6 +48,7 @@ class Supervisor:
         self.on_change: list[Callable[[ReplicaFacts], None]] = []
         self.stopping = False
         self.fleet_problem: str | None = None  # what is wrong with the fleet's list
+        self.recheck_seconds = 0.0  # mean wait between a serving replica's checks (0: none)
 
     async def keep(self, replica: Replica) -> None:
         """Bring the replica up, prove it reads, serve until it goes down; again, with backoff."""
@@ -124,6 +127,9 @@ class Supervisor:
             ]
             if replica.state is ReplicaState.garbled:
                 waits.append(asyncio.ensure_future(asyncio.sleep(next(rechecks))))
+            elif self.gate is not None and self.recheck_seconds > 0:
+                unannounced = self.gate.next_recheck(self.recheck_seconds)
+                waits.append(asyncio.ensure_future(asyncio.sleep(unannounced)))
             try:
                 done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -133,7 +139,39 @@ class Supervisor:
                 return str(waits[0].result())
             if waits[1] in done:
                 return replica.problem or "went down"
-            await self._prove(replica)  # a garbled replica's recheck
+            if replica.state is ReplicaState.garbled:
+                await self._prove(replica)  # a garbled replica's recheck
+            else:
+                await self._recheck(replica)
+
+    async def _recheck(self, replica: Replica) -> None:
+        """An unannounced check of a serving replica; it serves on meanwhile. One that
+        fails it is taken out of rotation (garbled, asked again later like any)."""
+        assert self.gate is not None
+        try:
+            result = await self.gate.read_test_page(replica)
+        except ReplicaUnavailable as error:  # busy or failing: its pages' requests tell
+            self.log.info("engine.self_check_unanswered", replica=replica.name, error=str(error))
+            return  # whether it is down; the next unannounced check comes as planned
+        replica.self_check = result
+        words = f"{result.words_found}/{result.words_expected}"
+        if result.passed:
+            self.log.info("engine.self_check_repeated", replica=replica.name, words=words)
+            return
+        problem = "it failed an unannounced check while serving: " + self.gate.garbled_problem(
+            replica, result
+        )
+        self.log.error(
+            "engine.self_check_failed",
+            replica=replica.name,
+            words=words,
+            unannounced=True,
+            vllm_version=result.vllm_version,
+            answer=result.answer,
+            error=problem,
+            action="it gets no more pages; pages it answered since its last check may be garbled",
+        )
+        self.set_state(replica, ReplicaState.garbled, problem)
 
     def _became_ready(self, replica: Replica) -> None:
         replica.ever_ready = True
