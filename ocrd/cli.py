@@ -18,6 +18,7 @@ from ocrd import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEEPEST_TREE_RECURSION = 10_000
+EXIT_CONFIG = 78  # EX_CONFIG: systemd's RestartPreventExitStatus=78 keeps the unit stopped
 
 if TYPE_CHECKING:
     from ocrd.config import Config, DocumentOptions, EngineConfig, PipelineConfig
@@ -26,7 +27,7 @@ ENGINES = click.Choice(["auto", "vllm", "openai", "rapidocr", "simulated"])
 config_option = click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path, readable=False),  # unreadable, a folder: 78 (_load)
     help="YAML configuration file (see config.example.yaml).",
 )
 log_options = [
@@ -51,7 +52,7 @@ def required_config(help_text: str) -> Callable[[F], F]:
         "--config",
         "config_path",
         required=True,
-        type=click.Path(path_type=Path, dir_okay=False),
+        type=click.Path(path_type=Path, readable=False),  # unreadable, a folder: 78 (_load)
         help=help_text,
     )
 
@@ -68,14 +69,23 @@ def configure_logging(log_format: str, log_level: str) -> None:
     configure(log_format, log_level)  # type: ignore[arg-type]
 
 
-def _load(path: Path) -> Config:
+def _load(path: Path, strict: bool = False) -> Config:
+    """The configuration, or exit 78 with the reason; `strict`: also refuse a file or hook
+    program that others than this user and root may change (ocrd/config/strict.py)."""
     from ocrd.config import ConfigError, load_config
+    from ocrd.config.strict import strict_mode_problems
 
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigError as error:
         click.echo(f"ocrd: {error}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_CONFIG)
+    refused = strict_mode_problems(path, config) if strict else []
+    for line in refused:
+        click.echo(f"ocrd: {path}: {line}", err=True)
+    if refused:
+        sys.exit(EXIT_CONFIG)
+    return config
 
 
 def _one_off_options(
@@ -112,7 +122,7 @@ def run(config_path: Path, engine: str | None, log_format: str, log_level: str) 
     from ocrd.daemon import Daemon
 
     configure_logging(log_format, log_level)
-    config = _load(config_path)
+    config = _load(config_path, strict=True)
     sys.exit(asyncio.run(Daemon(config, engine, config_path, early).run()))
 
 
@@ -198,7 +208,8 @@ def rerender(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def status(config_path: Path, as_json: bool) -> None:
     """Show what the daemon serving CONFIG is doing; exit 1 if it is not ready, 2 if it is
-    not reachable, 3 if the daemon answering serves other inboxes than CONFIG lists."""
+    not reachable, 3 if the daemon answering serves other inboxes than CONFIG lists, 78 if
+    CONFIG cannot be used."""
     from ocrd.web.client import fetch_status, format_status, other_daemon
 
     config = _load(config_path)
@@ -265,12 +276,12 @@ def check_config(config_path: Path | None, unit_file: TextIO | None) -> None:
 
     if config_path is None:
         raise click.UsageError("--config is required")
-    config = _load(config_path)
+    config = _load(config_path, strict=True)
     problems = check_folders(config, create=False)
     if unit_file is not None:
         problems += unwritable_folders(config, read_unit(unit_file.read()))
     for problem in problems:
         click.echo(f"ocrd: {config_path}: {problem}", err=True)
     if problems:
-        sys.exit(78)  # EX_CONFIG, as `ocrd run` refuses
+        sys.exit(EXIT_CONFIG)  # as `ocrd run` refuses
     click.echo(f"{config_path}: OK ({len(config.inboxes)} inboxes, engine {config.engine.kind})")

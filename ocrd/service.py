@@ -21,10 +21,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from ocrd import __version__
 from ocrd.config import Config, ConfigError, checks, load_config
 from ocrd.config.reload import plan_reload
+from ocrd.config.strict import strict_mode_problems
 from ocrd.documents.dispatch import Dispatcher
 from ocrd.documents.document import DocumentRunner
 from ocrd.documents.pipeline import Pipeline
@@ -183,7 +185,7 @@ class Service:
         if self.config_path is None:
             raise ConfigError("no configuration file to re-read")
         new = load_config(self.config_path)
-        problems = checks.problems(new)
+        problems = strict_mode_problems(self.config_path, new) + checks.problems(new)
         if problems:
             raise ConfigError("\n".join(problems))
         return new
@@ -319,11 +321,20 @@ def replica_status(facts: ReplicaFacts) -> ReplicaStatus:
         restarts=facts.restarts,
         deaths_with_pages=facts.deaths_with_pages,
         self_check=f"read {check.words_found} of {check.words_expected} words" if check else None,
-        self_check_passed=check.passed if check else False,
+        self_check_passed=check.passed if check and facts.self_checks else None,
+        self_check_state=_self_check_state(facts),
         problem=facts.problem,
         pid=facts.pid,
         model=facts.model,
     )
+
+
+def _self_check_state(facts: ReplicaFacts) -> Literal["none", "pending", "passed", "failed"]:
+    if not facts.self_checks:
+        return "none"
+    if facts.self_check is None:
+        return "pending"
+    return "passed" if facts.self_check.passed else "failed"
 
 
 def _due(tick: int, seconds: float) -> bool:

@@ -3,6 +3,8 @@ show. Built on the event loop from what the daemon holds; no file is touched."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel
 
 from ocrd.domain import DocumentSummary, Outcome
@@ -112,8 +114,21 @@ class ReplicaStatus(BaseModel):
     pages_failed: int
     restarts: int
     deaths_with_pages: int
-    self_check: str | None  # e.g. "read 38 of 40 words", None before any check
-    self_check_passed: bool = False
+    self_check: str | None  # e.g. "read 38 of 40 words"; None before any check, or none
+    # None until it passed or failed, and for an engine without one (self_check_state)
+    self_check_passed: bool | None = None
+    # "none" (this engine has no self-check, or engine.self_check is off), "pending",
+    # "passed", "failed"
+    self_check_state: Literal["none", "pending", "passed", "failed"] = "pending"
+
+    def self_check_words(self) -> str:
+        """Its self-check as it stands, in words."""
+        if self.self_check_state == "none":
+            return "none for this engine"
+        if self.self_check_state == "pending" or self.self_check is None:
+            return "not yet"
+        return self.self_check + (" (failed)" if self.self_check_state == "failed" else "")
+
     problem: str | None
     pid: int | None
     model: str | None = None  # the OCR model it serves

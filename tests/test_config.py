@@ -141,3 +141,34 @@ def test_version() -> None:
     result = ocrd("--version")
     assert result.returncode == 0
     assert result.stdout.startswith("ocrd, version ")
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        ("inboxes:\n  - path: in\n    setle_seconds: 3\n", "inboxes[0].setle_seconds: unknown key"),
+        (
+            "inboxes:\n  - path: in\npipeline:\n  rescan_interval_seconds: often\n",
+            "pipeline.rescan_interval_seconds: Input should be a valid number",
+        ),
+        ("inboxes: [\n", "not valid YAML"),
+        (None, "cannot read the configuration file (No such file or directory)"),
+        ("folder", "cannot read the configuration file (Is a directory)"),
+    ],
+    ids=["misspelt-key", "wrong-type", "not-yaml", "missing-file", "a-folder"],
+)
+def test_every_configuration_error_exits_78_naming_the_key_or_file(
+    tmp_path: Path, written: str | None, expected: str
+) -> None:
+    """78 (EX_CONFIG) is what the unit's RestartPreventExitStatus= names: a configuration
+    error stops the service instead of restarting it every 10 s forever."""
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "config.yaml"
+    if written == "folder":
+        path.mkdir()
+    elif written is not None:
+        path.write_text(written)
+    for command in (("check-config",), ("run", "--log-format", "json")):
+        result = ocrd(*command, "--config", str(path))
+        assert result.returncode == 78, (command, result.stderr)
+        assert f"ocrd: {path}" in result.stderr and expected in result.stderr, result.stderr

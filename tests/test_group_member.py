@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -235,13 +236,14 @@ def _mkdir(path: Path) -> Path:
 
 @pytest.mark.users
 @pytest.mark.parametrize("what", sorted(UNUSABLE))
-def test_an_uploads_folder_ocrd_cannot_use_is_a_problem_everywhere_once(
+def test_an_uploads_folder_ocrd_cannot_use_is_set_aside_and_uploads_go_on(
     shared_root: Path, runtime: Runtime, start_daemon: Any, what: str
 ) -> None:
     """`inbox/uploads` is something ocrd cannot keep uploads in (people may write the
     inbox): a link to nowhere, a file, or a folder someone else made before ocrd did (who
-    could then read every upload). Every upload is 503, and that is no secret: /readyz,
-    /api/status, the status page and the metrics say so, the log once; fixed, it clears."""
+    could then read every upload). ocrd sets it aside, untouched, under a name that says
+    so, logs where, and takes uploads in a folder of its own: nobody who may write the
+    inbox can stop uploads (round 3; ocrd/uploads/guard.py)."""
     data = shared_data(shared_root)
     share_everything(data / "inbox")
     UNUSABLE[what](data / "inbox" / "uploads")
@@ -249,38 +251,25 @@ def test_an_uploads_folder_ocrd_cannot_use_is_a_problem_everywhere_once(
     daemon = start_daemon(config, env=WITH_TOKEN, runtime=runtime, user=SERVICE)
     url = base_url(daemon)
     daemon.wait_for("daemon.ready", timeout=60)
-    refused = httpx.post(
-        f"{url}/api/documents",
-        params={"filename": "a.pdf"},
-        content=b"%PDF-1.4",
-        headers=AUTH,
-        timeout=30,
-    )
-    assert refused.status_code == 503, refused.text
-
-    readiness = httpx.get(f"{url}/readyz")
-    assert readiness.status_code == 503, readiness.text
-    assert any("UPLOADS UNUSABLE" in p for p in readiness.json()["problems"])
-    report = httpx.get(f"{url}/api/status").json()
-    assert any("UPLOADS UNUSABLE" in p for p in report["problems"])
-    assert report["inboxes"][0]["uploads_problem"]
-    assert "UPLOADS UNUSABLE" in httpx.get(f"{url}/").text
-    inbox = str(data / "inbox")
-    assert metric(httpx.get(f"{url}/metrics").text, "ocrd_uploads_usable", inbox=inbox) == 0
-    daemon.wait_for("uploads.unusable")
-
-    subprocess.run(["rm", "-rf", str(data / "inbox" / "uploads")], check=True)
-    daemon.wait_for("uploads.usable", timeout=30)
-    assert len(daemon.find("uploads.unusable")) == 1, "logged once, not at every look"
-    assert httpx.get(f"{url}/readyz").status_code == 200
-    fixed = httpx.post(
+    taken = httpx.post(
         f"{url}/api/documents",
         params={"filename": "a.pdf"},
         content=make_pdf(shared_root / "a.pdf", 1).read_bytes(),
         headers=AUTH,
+        timeout=30,
     )
-    assert fixed.status_code == 202, fixed.text
+    assert taken.status_code == 202, taken.text
+    [aside] = daemon.find("uploads.set_aside")
+    kept = Path(aside["now_at"])
+    assert kept.parent == data / "inbox" and kept.name.startswith("uploads.set-aside-")
+    assert os.path.lexists(kept), "what was there is kept, untouched"
+    uploads = os.lstat(data / "inbox" / "uploads")
+    assert stat.S_ISDIR(uploads.st_mode) and uploads.st_mode & 0o777 == 0o700
+    assert uploads.st_uid == os.stat(data / "work").st_uid, "ocrd's own"
+    assert httpx.get(f"{url}/readyz").status_code == 200
+    inbox = str(data / "inbox")
     assert metric(httpx.get(f"{url}/metrics").text, "ocrd_uploads_usable", inbox=inbox) == 1
+    assert not daemon.find("uploads.unusable")
     assert daemon.stop() == 0
 
 

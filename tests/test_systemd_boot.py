@@ -20,6 +20,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,40 @@ def test_a_refused_configuration_fails_systemctl_reload_and_ocrd_serves_on(guest
     journal = guest.journal("ocrd")
     assert "the configuration in use stays in effect" in journal and "settle_secs" in journal
     assert ocrd_events(guest, "config.reload_failed"), journal[-3000:]
+
+
+def restart_seconds() -> float:
+    """The shipped unit's RestartSec=: how long systemd waits before a restart."""
+    unit = (Path(__file__).resolve().parents[1] / "systemd" / "ocrd.service").read_text()
+    [seconds] = re.findall(r"^RestartSec=(\d+)$", unit, flags=re.MULTILINE)
+    return float(seconds)
+
+
+def test_a_misspelt_key_stops_the_unit_instead_of_restarting_it(guest: Guest) -> None:
+    """A configuration error exits 78, which the unit's RestartPreventExitStatus=78 names:
+    the unit stays failed, saying why, rather than restarting every RestartSec forever."""
+    ensure_running(guest)
+    restarts = int(state(guest)["NRestarts"])
+    config = guest.path("/etc/ocrd/config.yaml")
+    good = config.read_text()
+    config.write_text(good.replace("settle_seconds", "settle_secs", 1))
+    try:
+        guest.run("systemctl", "restart", "ocrd", check=False)
+        wait_until(lambda: state(guest)["ActiveState"] == "failed", 120, lambda: str(state(guest)))
+        # Three restart intervals: a unit that restarts would have been started again.
+        deadline = time.monotonic() + 3 * restart_seconds()
+        while time.monotonic() < deadline:
+            stays = state(guest)
+            assert stays["ActiveState"] == "failed", f"started again: {stays}"
+            time.sleep(1)
+    finally:
+        config.write_text(good)
+        guest.run("systemctl", "reset-failed", "ocrd", check=False)
+        guest.run("systemctl", "start", "ocrd")
+    assert stays["ActiveState"] == "failed" and stays["ExecMainStatus"] == "78", stays
+    assert int(stays["NRestarts"]) == restarts, stays
+    journal = guest.journal("ocrd")
+    assert "settle_secs: unknown key" in journal, journal[-3000:]
 
 
 def test_a_frozen_daemon_is_restarted_by_the_watchdog(guest: Guest) -> None:

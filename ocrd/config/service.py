@@ -50,7 +50,8 @@ class PipelineConfig(Strict):
 
 
 class DoclingApiConfig(Strict):
-    """docling-serve's conversion API (`/v1/...`), served where an inbox takes uploads."""
+    """docling-serve's conversion API (`/v1/...`): served while enabled; converting needs an
+    inbox with `uploads: true` (without one: 403, and `/health` answers 503)."""
 
     enabled: bool = True
     inbox: str | None = None  # the inbox tasks go to (path or folder name); default: the

@@ -140,6 +140,9 @@ class ReplicaFacts:
     problem: str | None
     pid: int | None  # its process (local replicas)
     model: str | None = None  # the OCR model it serves (ocrd.models' name)
+    # False where it reads no test page before work: an engine without a self-check
+    # (RapidOCR, simulated), or one with `engine.self_check` off.
+    self_checks: bool = True
 
 
 class Engine(Protocol):
@@ -191,6 +194,7 @@ class InProcess:
     health: EngineHealth
     page_folder: Path | None = None  # pages come as pixels, in this process
     self_check_result: SelfCheckResult | None = None
+    self_checks: bool = True  # see ReplicaFacts.self_checks
     _in_flight: int = 0
     _done: int = 0
     _failed: int = 0
@@ -222,6 +226,7 @@ class InProcess:
                 self_check=self.self_check_result,
                 problem=self.health.problem,
                 pid=os.getpid(),
+                self_checks=self.self_checks,
             )
         ]
 

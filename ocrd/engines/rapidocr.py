@@ -34,6 +34,8 @@ def _to_lines(boxes: Any, texts: Sequence[str]) -> list[TextLine]:
 class RapidOcrEngine(InProcess):
     name = "rapidocr"
 
+    self_checks = False  # it has none: no test page is read before work
+
     def __init__(self, config: RapidOcrConfig) -> None:
         self.config = config
         self.health = EngineHealth()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,8 @@ class Router:
 
     @property
     def replicas(self) -> list[ReplicaFacts]:
-        return [replica.facts for replica in self._replicas]
+        checks = self.settings.self_check
+        return [replace(replica.facts, self_checks=checks) for replica in self._replicas]
 
     def subscribe(self, callback: Callable[[ReplicaFacts], None]) -> None:
         self.supervisor.on_change.append(callback)

@@ -65,6 +65,7 @@ class VllmEngine(InProcess):
         self.recipe = recipe or default_model()
         self.sampling = sampling_for(self.recipe, sampling)
         self.self_check = self_check
+        self.self_checks = self_check
         self.health = EngineHealth()
         self._engine: Any = None
         self._params: Any = None

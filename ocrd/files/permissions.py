@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import os
 import pwd
 import stat
@@ -82,9 +83,11 @@ def others_may_write(path: Path, info: os.stat_result, uid: int) -> str | None:
         for entry in access:
             if entry.tag == USER and entry.id != uid and entry.permissions & mask & WRITE:
                 return f"its ACL lets user {user_name(entry.id)} write it"
+            if entry.tag == GROUP_OBJ and _private_group(info.st_gid, uid):
+                continue
             if entry.tag in (GROUP, GROUP_OBJ) and entry.permissions & mask & WRITE:
                 return "its ACL lets a group write it"
-    elif info.st_mode & stat.S_IWGRP:
+    elif info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, uid):
         return "its group may write it"
     if info.st_mode & stat.S_IWOTH:
         return "everyone may write it"
@@ -115,3 +118,19 @@ def may_be_replaced_by_others(path: Path, uid: int) -> str | None:
         if why is not None and not sticky:
             return f"{folder}, a folder on its way: {why} (and so move {path} away)"
     return None
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether group `gid` holds user `uid` alone (a user private group, as Debian and
+    Ubuntu make one per user with umask 002): its write permission lets nobody else in,
+    as Debian's sshd StrictModes also accepts. Never the root group, which is no one's
+    private group."""
+    if gid == 0:
+        return False
+    try:
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+    if any(name != user_name(uid) for name in members):
+        return False
+    return all(entry.pw_uid == uid for entry in pwd.getpwall() if entry.pw_gid == gid)

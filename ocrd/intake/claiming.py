@@ -162,9 +162,17 @@ def _check_upload(place: Place, relative: PurePath, entry: os.stat_result) -> No
     """NotClaimable where a file in an upload's folder is not the file uploaded there (its
     record names it): it is never taken for the upload, nor converted beside it."""
     upload = upload_of(str(relative))
+    record = read_record(place.folder)
     if upload is None:
+        if record:  # ocrd's own record: someone renamed the uploads folder (uploads/guard.py)
+            raise NotClaimable(
+                f"it is upload {printable(str(record.get('id')))} moved out of the uploads "
+                "folder by someone who may write the inbox; it is converted only as that "
+                "upload",
+                "ocrd renames the uploads folder back; nothing to do",
+            )
         return
-    why = mismatch(read_record(place.folder), place.name, entry)
+    why = mismatch(record, place.name, entry)
     if why is not None:
         raise NotClaimable(
             f"it lies in the folder of upload {upload} but is not that upload ({why})",

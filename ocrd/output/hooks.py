@@ -29,6 +29,7 @@ import httpx
 
 from ocrd.backoff import Backoff
 from ocrd.config import HookConfig, InboxConfig, WebhookConfig
+from ocrd.config.strict import hook_problem
 from ocrd.domain import DocumentSummary, Outcome
 from ocrd.files import json_bytes
 from ocrd.files.dropped import printable
@@ -196,6 +197,11 @@ class Hooks:
         self, hook: HookConfig, event: str, summary: DocumentSummary, summary_file: Path, log: Any
     ) -> None:
         assert hook.command is not None
+        refused = await asyncio.to_thread(hook_problem, hook.command)
+        if refused is not None:  # made writable by others since the configuration was read
+            log.error("hook.failed", command=list(hook.command), error=refused)
+            self._count(event, "command", "error")
+            return
         try:
             process = await asyncio.create_subprocess_exec(
                 *hook.command,

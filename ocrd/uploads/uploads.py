@@ -7,9 +7,11 @@ folder and file of it is ocrd's alone). From there it is claimed, converted and 
 like any dropped file; its relative path keeps it apart in the outbox, done/ and failed/
 (`ocrd/web/documents.py` finds its state from those files).
 
-The folders a claim leaves behind (holding only the record), and a hidden part a killed
-run left, are tidied away periodically; the same round notices an uploads folder ocrd
-cannot use (a link, a file, someone else's folder), which is a problem until it is gone.
+The uploads folder is held open and put back where someone who may write the inbox renamed
+or replaced it (`guard.py`). The folders a claim leaves behind (holding only the record),
+and a hidden part a killed run left, are tidied away periodically; the same round notices
+an uploads folder ocrd cannot use and cannot set aside (a link, a file, someone else's
+folder in a sticky inbox), which is a problem until it is gone.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ocrd.config.inboxes import is_candidate_name, job_folder_of
 from ocrd.files.beneath import DIRECTORY
 from ocrd.files.dropped import NotRegularFile, printable
 from ocrd.log import get_logger
+from ocrd.uploads.guard import UploadsGuard
 from ocrd.uploads.receiving import (
     PART,
     RECORD,
@@ -99,6 +102,7 @@ class Uploads:
         self.log = get_logger()
         # Inboxes whose uploads folder ocrd cannot use, and why (shown until it is fixed).
         self.unusable: dict[str, str] = {}
+        self.guard = UploadsGuard()
 
     def configure(self, config: Config) -> None:
         """The configuration after a reload."""
@@ -147,11 +151,26 @@ class Uploads:
                 f"the name {said!r} is too long for inbox {inbox.path} ({len(os.fsencode(name))} "
                 "bytes); send it under a shorter name",
             )
+        self.keep_folder(inbox)
         try:
             return Receiving.begin(inbox, upload_id, name)
         except UploadsFolderUnusable as unusable:
             self.notice_unusable(inbox, str(unusable))
             raise UploadRefused(503, f"{unusable}; an operator must remove it") from None
+
+    def keep_folder(self, inbox: InboxConfig) -> None:
+        """Put the inbox's uploads folder back where someone renamed or replaced it
+        (`guard.py`); where that fails, uploads_folder says why uploads cannot go there.
+        Blocking."""
+        try:
+            self.guard.keep(inbox.path)
+        except OSError as error:
+            self.log.warning(
+                "uploads.guard_failed",
+                inbox=str(inbox.path),
+                error=printable(str(error)),
+                action="tried again at the next upload and tidying round",
+            )
 
     def problems(self) -> list[str]:
         """Inboxes taking uploads whose uploads folder ocrd cannot use."""
@@ -169,6 +188,7 @@ class Uploads:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            self.guard.close()
 
     async def _tidy_forever(self) -> None:
         while True:
@@ -183,6 +203,7 @@ class Uploads:
         for gone in set(self.unusable) - taking:
             del self.unusable[gone]  # uploads switched off there by a reload
         for inbox in [inbox for inbox in self.config.inboxes if inbox.uploads]:
+            await asyncio.to_thread(self.keep_folder, inbox)
             try:  # (an `uploads` folder in an inbox taking none is people's own)
                 await asyncio.to_thread(tidy, inbox, stale_after)
             except UploadsFolderUnusable as unusable:

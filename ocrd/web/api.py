@@ -115,7 +115,6 @@ class DocumentsApi:
     def __init__(self, documents: Documents, config: HttpConfig) -> None:
         self.documents = documents
         self.config = config
-        self.waiting = 0  # clients waiting (`?wait=`) now
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_get("/api/openapi.json", self.openapi)
@@ -136,13 +135,10 @@ class DocumentsApi:
             return error(400, f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}")
         found = None
         if is_document_id(document_id) and wait:
-            if self.waiting >= self.config.max_waiting_clients:
-                return self._too_many_waiting()
-            self.waiting += 1
-            try:
+            with self.documents.waiter(self.config.max_waiting_clients) as placed:
+                if not placed:
+                    return self._too_many_waiting()
                 found = await self.documents.settled(document_id, wait)
-            finally:
-                self.waiting -= 1
         elif is_document_id(document_id):
             found = await self.documents.find(document_id)
         if found is None:

@@ -1,5 +1,7 @@
 """The interactive API page at `/docs` (Swagger UI, served from the files of the pinned
-`swagger-ui-bundle-v2` package: no CDN, nothing fetched from elsewhere), and the OpenAPI 3.1
+`swagger-ui-bundle-v2` package: no CDN, no validator, no request to anywhere but ocrd; its
+files need no token, the descriptions and API calls the page makes send the token it was
+opened with, `/docs?token=...`), and the OpenAPI 3.1
 description of docling-serve's routes as ocrd serves them at `/openapi.json` (where
 docling-serve serves its own); the page shows it and the documents API's
 (`/api/openapi.json`)."""
@@ -39,6 +41,9 @@ PAGE = """<!DOCTYPE html>
 </html>
 """
 INITIALIZER = """window.onload = function () {
+  // The token the browser came with (/docs?token=...), sent with the page's own requests
+  // to this server only: the descriptions, and "Try it out" from a host other than loopback.
+  var token = new URLSearchParams(window.location.search).get("token");
   window.ui = SwaggerUIBundle({
     urls: [
       {url: "/openapi.json", name: "docling-serve API (v1)"},
@@ -46,6 +51,15 @@ INITIALIZER = """window.onload = function () {
     ],
     dom_id: "#swagger-ui",
     deepLinking: true,
+    // Swagger UI's default sends the description's URL to validator.swagger.io: none.
+    validatorUrl: null,
+    requestInterceptor: function (request) {
+      var here = new URL(request.url, window.location.href).origin === window.location.origin;
+      if (token && here && !request.headers.Authorization) {
+        request.headers.Authorization = "Bearer " + token;
+      }
+      return request;
+    },
     presets: [SwaggerUIBundle.presets.apis, SwaggerUIStandalonePreset],
     layout: "StandaloneLayout"
   });
@@ -145,6 +159,30 @@ OPTIONS = {
 }
 SCHEMAS: dict[str, Any] = {
     "Detail": {"type": "object", "properties": {"detail": {"type": "string"}}},
+    "Health": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"enum": ["ok", "unavailable"]}, "detail": {"type": "string"}},
+    },
+    "FileSource": {
+        "type": "object",
+        "required": ["kind", "base64_string", "filename"],
+        "properties": {
+            "kind": {"const": "file"},
+            "base64_string": {"type": "string", "contentEncoding": "base64", "minLength": 1},
+            "filename": {"type": "string", "minLength": 1},
+        },
+    },
+    "HttpSource": {
+        "type": "object",
+        "required": ["kind", "url"],
+        "properties": {
+            "kind": {"const": "http"},
+            "url": {"type": "string", "format": "uri"},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+        "description": "only from a host http.docling.url_hosts lists",
+    },
     "Options": {
         "type": "object",
         "properties": OPTIONS,
@@ -191,8 +229,7 @@ SCHEMAS: dict[str, Any] = {
                 "type": "array",
                 "minItems": 1,
                 "maxItems": 1,
-                "items": {"type": "object"},
-                "description": "{kind: file, base64_string, filename} or {kind: http, url}",
+                "items": {"$ref": REF.format("FileSource")},
             },
             "target": {"type": "object", "properties": {"kind": {"const": "inbody"}}},
         },
@@ -204,7 +241,11 @@ FILE_BODY = {
             "type": "object",
             "required": ["files"],
             "properties": {
-                "files": {"type": "string", "contentMediaType": "application/octet-stream"},
+                "files": {
+                    "type": "string",
+                    "contentMediaType": "application/octet-stream",
+                    "minLength": 1,  # an empty file is refused (400)
+                },
                 "target_type": {"const": "inbody"},
                 **OPTIONS,
             },
@@ -235,8 +276,18 @@ def _convert(summary: str, body: dict[str, Any], asynchronous: bool) -> dict[str
     }
 
 
-def describe() -> dict[str, Any]:
-    """The OpenAPI 3.1 description of docling-serve's routes as ocrd serves them."""
+def describe(url_sources: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of docling-serve's routes as ocrd serves them; `http`
+    sources only where `url_sources` (http.docling.url_hosts lists hosts)."""
+    schemas = dict(SCHEMAS)
+    if url_sources:
+        kinds = [{"$ref": REF.format("FileSource")}, {"$ref": REF.format("HttpSource")}]
+        request = dict(schemas["SourceRequest"])
+        request["properties"] = {
+            **request["properties"],
+            "sources": {**request["properties"]["sources"], "items": {"oneOf": kinds}},
+        }
+        schemas["SourceRequest"] = request
     return {
         "openapi": "3.1.0",
         "info": {
@@ -256,20 +307,31 @@ def describe() -> dict[str, Any]:
                 "get": {
                     "summary": "A task's state (wait: until it settles)",
                     "parameters": [TASK_ID, WAIT],
-                    "responses": _answers("TaskStatus", 404, 422),
+                    "security": SECURITY,
+                    "responses": _answers("TaskStatus", 401, 404, 422),
                 }
             },
             "/v1/result/{task_id}": {
                 "get": {
                     "summary": "A settled task's result",
                     "parameters": [TASK_ID],
-                    "responses": _answers("ConvertResult", 404),
+                    "security": SECURITY,
+                    "responses": _answers("ConvertResult", 401, 404),
                 }
             },
-            "/health": {"get": {"summary": "Alive", "responses": _answers("Detail")}},
+            "/health": {
+                "get": {
+                    "summary": "200 while conversions are taken; 503 naming why while every "
+                    "one would be refused (no inbox takes uploads, no token set)",
+                    "responses": {
+                        status: {"description": "", "content": _json("Health")}
+                        for status in ("200", "503")
+                    },
+                }
+            },
         },
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": schemas,
             "securitySchemes": {
                 "apiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
                 "bearer": {"type": "http", "scheme": "bearer"},

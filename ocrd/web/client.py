@@ -100,12 +100,14 @@ def format_status(report: StatusReport) -> str:
     lines += [f"  attention: {line}" for line in report.attention]
     if report.degraded:
         lines.append(f"  degraded: {report.degraded}")
+    if len(report.replicas) == 1 and not report.degraded:
+        lines.append(f"  self-check: {report.replicas[0].self_check_words()}")
     if len(report.replicas) > 1 or report.degraded:
         lines.append(f"engine replicas: {report.engine_summary}")
         for replica in report.replicas:
             device = f" on {replica.device}" if replica.device else ""
             device += f" serving {replica.model}" if replica.model else ""
-            check = f", self-check {replica.self_check}" if replica.self_check else ""
+            check = f", self-check {replica.self_check_words()}"
             problem = f": {replica.problem}" if replica.problem else ""
             lines.append(
                 f"  {replica.name}{device} {replica.state}, {replica.in_flight}/"

@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from aiohttp import BodyPartReader, ClientPayloadError, MultipartReader, web
 
@@ -36,9 +37,16 @@ from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
 from ocrd.log import get_logger
 from ocrd.uploads.receiving import Receiving, UploadRefused, clean_filename
-from ocrd.uploads.tasks import TaskOptions, remove_record, write_record
+from ocrd.uploads.tasks import (
+    MAX_RECORD_BYTES,
+    TaskOptions,
+    register,
+    remove_record,
+    write_record,
+)
 from ocrd.web import apidocs
 from ocrd.web.api import READ_BYTES, token_matches
+from ocrd.web.docling_body import read_json_body
 from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form, parse
 from ocrd.web.docling_sources import Fetched, file_source, url_source
 from ocrd.web.documents import Documents
@@ -52,6 +60,7 @@ PRESIGNED = (  # docling-serve's words, on which its clients fall back to an ans
     "Presigned URL target requires artifact storage to be configured and enabled on the "
     "server; ocrd answers in the body (target inbody)"
 )
+MAX_FILENAME_CHARS = 1000  # the name a task's answer gives its document
 IMAGE_SUFFIXES = (".tif", ".tiff", ".png", ".jpg", ".jpeg")
 
 
@@ -68,13 +77,24 @@ def _target(kind: object) -> None:
     raise UploadRefused(422, f"target {kind!r} is not served; ocrd answers in the body (inbody)")
 
 
+def _target_kind(target: object) -> object:
+    """The `kind` of a JSON request's `target` (an object, as docling-serve takes it)."""
+    if target is None:
+        return None
+    if not isinstance(target, dict):
+        raise UploadRefused(
+            422, f'target must be an object such as {{"kind": "inbody"}}, not {target!r:.80}'
+        )
+    return target.get("kind")
+
+
 def task_options(options: DoclingOptions, filename: str) -> TaskOptions:
     """The record of a task with these options; UploadRefused where from_formats excludes
     the file."""
     kind = "image" if filename.lower().endswith(IMAGE_SUFFIXES) else "pdf"
     if not options.takes(kind):
         raise UploadRefused(422, f"from_formats excludes {filename!r} (a {kind})")
-    return TaskOptions(
+    record = TaskOptions(
         created_at=time.time(),
         pages=options.pages,
         pdf_text=options.pdf_text(),
@@ -84,8 +104,13 @@ def task_options(options: DoclingOptions, filename: str) -> TaskOptions:
         else None,
         to_formats=tuple(dict.fromkeys(options.to_formats)),
         image_export_mode=options.image_export_mode,
-        filename=printable(filename),
+        filename=printable(filename)[:MAX_FILENAME_CHARS],
     )
+    if len(record.record()) > MAX_RECORD_BYTES:  # read back by every poll: refused now
+        raise UploadRefused(
+            422, f"the options take more than {MAX_RECORD_BYTES // 1024} KB; send shorter ones"
+        )
+    return record
 
 
 class DoclingApi:
@@ -202,6 +227,7 @@ class DoclingApi:
                 fields.setdefault(more.name or "", []).append(await self.api._field(more))
             record = self._form_options(fields, name)
             await asyncio.to_thread(write_record, receiving.folder, record)
+            await asyncio.to_thread(register, inbox, receiving.id, record)
 
         read = functools.partial(part.read_chunk, READ_BYTES)
         stored, _ = await self.api._store(
@@ -220,33 +246,31 @@ class DoclingApi:
         """The JSON request's one source, fetched or decoded, written into the inbox with its
         task record."""
         limit = self.config.max_upload_bytes * 4 // 3 + JSON_OVERHEAD
-        body = bytearray()
-        while chunk := await self.api._idle_limited(lambda: request.content.read(READ_BYTES)):
-            body += chunk
-            if len(body) > limit:
-                raise UploadRefused(413, "the request is larger than this server takes")
-        try:
-            payload = json.loads(body)
-        except ValueError as error:
-            raise UploadRefused(422, f"the body is no JSON: {error}") from None
-        if not isinstance(payload, dict):
-            raise UploadRefused(422, "the body must be a JSON object")
-        sources = payload.get("sources")
-        if not isinstance(sources, list) or len(sources) != 1 or not isinstance(sources[0], dict):
-            raise UploadRefused(422, "sources: give exactly one source (one document a task)")
-        _target((payload.get("target") or {}).get("kind"))
-        if payload.get("callbacks"):
-            raise UploadRefused(422, "callbacks are not served; poll /v1/status/poll/{task_id}")
-        options = parse(payload.get("options") or {})
-        fetched = await self._fetch(sources[0])
-        record = task_options(options, fetched.name)
-        return await asyncio.to_thread(self._write, inbox, fetched, record)
+        with tempfile.TemporaryFile(dir=inbox.work) as spool:  # ocrd's alone, as uploads are
+            payload = await read_json_body(
+                lambda: self.api._idle_limited(lambda: request.content.read(READ_BYTES)),
+                spool,
+                limit,
+                JSON_OVERHEAD,
+            )
+            sources = payload.get("sources")
+            if not isinstance(sources, list) or len(sources) != 1:
+                raise UploadRefused(422, "sources: give exactly one source (one document a task)")
+            if not isinstance(sources[0], dict):
+                raise UploadRefused(422, "sources: a source is an object with a 'kind'")
+            _target(_target_kind(payload.get("target")))
+            if payload.get("callbacks"):
+                raise UploadRefused(422, "callbacks are not served; poll /v1/status/poll/{task_id}")
+            options = parse(payload.get("options") or {})
+            fetched = await self._fetch(sources[0], spool)
+            record = task_options(options, fetched.name)
+            return await asyncio.to_thread(self._write, inbox, fetched, record)
 
-    async def _fetch(self, source: dict[str, Any]) -> Fetched:
+    async def _fetch(self, source: dict[str, Any], spool: BinaryIO) -> Fetched:
         kind = source.get("kind", "file" if "base64_string" in source else None)
         limit = self.config.max_upload_bytes
         if kind == "file":
-            return file_source(source, limit)
+            return file_source(source, limit, spool)
         if kind == "http":
             docling = self.config.docling
             return await url_source(
@@ -257,8 +281,10 @@ class DoclingApi:
     def _write(self, inbox: InboxConfig, fetched: Fetched, record: TaskOptions) -> Receiving:
         receiving = self.api.uploads.begin(inbox, clean_filename(fetched.name), fetched.name)
         try:
-            receiving.write(fetched.data)
+            for piece in fetched.pieces():
+                receiving.write(piece)
             write_record(receiving.folder, record)
+            register(inbox, receiving.id, record)
             receiving.commit()
         except BaseException:
             receiving.abort()
@@ -338,7 +364,9 @@ class DoclingApi:
         if not 0 <= wait <= MAX_WAIT_SECONDS:
             return detail(422, f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}")
         task_id = request.match_info["task_id"]
-        task = await self.tasks.find(task_id, wait)
+        with self.tasks.documents.waiter(self.config.max_waiting_clients) as placed:
+            # Beyond the limit, the task as it is now: docling's clients poll again.
+            task = await self.tasks.find(task_id, wait if placed else 0.0)
         if task is None:
             return detail(404, "Task not found.")
         return self._status(task_id, task)
@@ -365,7 +393,23 @@ class DoclingApi:
         return web.json_response(body, dumps=functools.partial(json.dumps, ensure_ascii=False))
 
     async def health(self, request: web.Request) -> web.Response:
+        """docling-serve's answer while conversions are taken; 503 naming why while every
+        one would be refused (no inbox takes uploads, no token), so that a client's or a
+        load balancer's health check sends no work here."""
+        try:
+            self._admit_anyone()
+        except UploadRefused as refused:
+            return web.json_response(
+                {"status": "unavailable", "detail": refused.reason}, status=503
+            )
         return web.json_response({"status": "ok"})
+
+    def _admit_anyone(self) -> None:
+        if self.api.token is None:
+            raise UploadRefused(
+                403, f"converting needs a token, and {self.config.token_env} is not set"
+            )
+        self._inbox()
 
 
 def serve_docling_api(
@@ -375,7 +419,7 @@ def serve_docling_api(
     server runs."""
     tasks = Tasks(documents, lambda: documents.config)
     DoclingApi(api, tasks, config).add_routes(app.router)
-    apidocs.add_routes(app.router, apidocs.describe())
+    apidocs.add_routes(app.router, apidocs.describe(bool(config.docling.url_hosts)))
 
     async def tidying(app: web.Application) -> AsyncIterator[None]:
         async with tasks.tidying():

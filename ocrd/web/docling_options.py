@@ -58,6 +58,7 @@ ALSO_DEFAULT: dict[str, tuple[Any, ...]] = {
 }
 NO_EFFECT = ("abort_on_error", "md_compact_tables")
 INPUT_FORMATS = {"pdf": "pdf", "image": "image"}
+MAX_PLACEHOLDER_CHARS = 1000  # a page separator, written between every two pages
 
 
 class OptionRefused(Exception):
@@ -79,7 +80,7 @@ class DoclingOptions(BaseModel):
     do_ocr: bool = True
     force_ocr: bool = False
     include_images: bool = True
-    md_page_break_placeholder: str = ""
+    md_page_break_placeholder: str = Field(default="", max_length=MAX_PLACEHOLDER_CHARS)
     from_formats: list[str] | None = None
     abort_on_error: bool = False
     md_compact_tables: bool = False

@@ -14,30 +14,50 @@ import asyncio
 import base64
 import binascii
 import ipaddress
+import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 import httpx
 
 from ocrd.uploads.receiving import UploadRefused
+from ocrd.web.docling_body import SPOOLED
 
 FETCH_CHUNK_BYTES = 256 * 1024
+COPY_BYTES = 1024 * 1024  # a spooled file copied into the inbox at a time
 
 
 @dataclass(frozen=True)
 class Fetched:
+    """A source's file: its bytes, or a file on disk holding them (a spooled base64)."""
+
     name: str
-    data: bytes
+    data: bytes = b""
+    file: BinaryIO | None = None
+
+    def pieces(self) -> Iterator[bytes]:
+        """Its bytes, a piece at a time. Blocking."""
+        if self.file is None:
+            yield self.data
+            return
+        while piece := self.file.read(COPY_BYTES):
+            yield piece
 
 
-def file_source(source: dict[str, Any], max_bytes: int) -> Fetched:
-    """A `file` source: its base64 content decoded."""
+def file_source(source: dict[str, Any], max_bytes: int, spool: BinaryIO) -> Fetched:
+    """A `file` source: its base64 content decoded (a long one already was, into
+    `spool`, as the request arrived: `ocrd/web/docling_body.py`)."""
     encoded = source.get("base64_string")
     name = source.get("filename")
     if not isinstance(encoded, str) or not isinstance(name, str):
         raise UploadRefused(422, "a file source needs 'base64_string' and 'filename'")
+    if encoded == SPOOLED:
+        if os.fstat(spool.fileno()).st_size > max_bytes:
+            raise UploadRefused(413, "the file is larger than this server takes (max_upload_mb)")
+        return Fetched(name, file=spool)
     if len(encoded) > max_bytes * 4 // 3 + 4:
         raise UploadRefused(413, "the file is larger than this server takes (max_upload_mb)")
     try:
@@ -88,7 +108,10 @@ async def url_source(
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UploadRefused(422, f"the http source {url!r} is no http(s) URL")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as malformed:  # a port out of range, or not a number
+        raise UploadRefused(422, f"the http source {url!r} is malformed: {malformed}") from None
     await _check_host(parts.hostname, port, allowed)
     headers = source.get("headers") or {}
     if not isinstance(headers, dict):

@@ -352,6 +352,9 @@ class Documents:
         self.in_flight: Mapping[str, InFlight] = {}
         self._remembered: OrderedDict[str, _Remembered] = OrderedDict()
         self._news = asyncio.Event()  # set (and replaced) when a document settles here
+        # Clients waiting for a document to settle now, through either API: one limit
+        # (http.max_waiting_clients) for all, so that waiters never take every connection.
+        self.waiting = 0
 
     def configure(self, config: Config) -> None:
         """The configuration after a reload."""
@@ -408,6 +411,19 @@ class Documents:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(left, RECHECK_SECONDS)):
                     await news.wait()
+
+    @contextlib.contextmanager
+    def waiter(self, limit: int) -> Iterator[bool]:
+        """A place among the `limit` clients that may wait at once: True while it is
+        held, False where all are taken (the client is answered without waiting)."""
+        if self.waiting >= limit:
+            yield False
+            return
+        self.waiting += 1
+        try:
+            yield True
+        finally:
+            self.waiting -= 1
 
     def _telling(self, document_id: str) -> bool:
         """Settled in its files while this daemon has yet to tell its summary (pages,

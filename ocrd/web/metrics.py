@@ -133,7 +133,8 @@ def _replica_metrics(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
     )
     checked = GaugeMetricFamily(
         "ocrd_engine_replica_self_check_passed",
-        "1 if the replica read ocrd's test page at its last check, 0 if not (absent before)",
+        "1 if the replica read ocrd's test page at its last check, 0 if not (absent before, "
+        "and for an engine without a self-check)",
         labels=["replica"],
     )
     served = GaugeMetricFamily(
@@ -155,7 +156,7 @@ def _replica_metrics(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
             state.add_metric([replica.name, value.value], float(replica.state == value.value))
         for field, family in numbers:
             family.add_metric([replica.name], getattr(replica, field))
-        if replica.self_check is not None:
+        if replica.self_check_passed is not None:
             checked.add_metric([replica.name], float(replica.self_check_passed))
         if replica.model is not None:
             served.add_metric([replica.name, replica.model], 1.0)

@@ -9,6 +9,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from ocrd.status import StatusReport
+
 REF = "#/components/schemas/{model}"
 
 
@@ -43,6 +45,7 @@ WAIT = {
     "schema": {"type": "number", "minimum": 0, "maximum": 300, "default": 0},
 }
 NOT_FOUND = _answer("no such document (or no such output)")
+UNAUTHORISED = _answer("no bearer token, or a wrong one, where one is needed")
 NOT_DONE = _answer("the document is not done (yet): the body says its state")
 
 
@@ -82,12 +85,20 @@ def _upload(max_upload_mb: float) -> dict[str, Any]:
                                 "type": "string",
                                 "description": "as the query parameter; before `file`",
                             },
-                            "file": {"type": "string", "contentMediaType": "application/pdf"},
+                            "file": {
+                                "type": "string",
+                                "contentMediaType": "application/pdf",
+                                "minLength": 1,  # an empty file is refused (400)
+                            },
                         },
                     }
                 },
                 "application/octet-stream": {
-                    "schema": {"type": "string", "contentMediaType": "application/octet-stream"}
+                    "schema": {
+                        "type": "string",
+                        "contentMediaType": "application/octet-stream",
+                        "minLength": 1,
+                    }
                 },
             },
         },
@@ -120,6 +131,7 @@ def _paths(max_upload_mb: float) -> dict[str, Any]:
                 "responses": {
                     "200": _answer("the document", "DocumentStatus"),
                     "400": _answer("`wait` out of range"),
+                    "401": UNAUTHORISED,
                     "404": NOT_FOUND,
                 },
             }
@@ -133,6 +145,8 @@ def _paths(max_upload_mb: float) -> dict[str, Any]:
                 "parameters": [ID, WAIT],
                 "responses": {
                     "200": _file("the Markdown", "text/markdown"),
+                    "400": _answer("`wait` out of range"),
+                    "401": UNAUTHORISED,
                     "404": NOT_FOUND,
                     "409": NOT_DONE,
                 },
@@ -145,7 +159,12 @@ def _paths(max_upload_mb: float) -> dict[str, Any]:
                 "a split document's parts are `<stem>-1.md`, `<stem>-1.pdf`, ...)",
                 "operationId": "getOutput",
                 "parameters": [ID, _name("name")],
-                "responses": {"200": _file("the file"), "404": NOT_FOUND, "409": NOT_DONE},
+                "responses": {
+                    "200": _file("the file"),
+                    "401": UNAUTHORISED,
+                    "404": NOT_FOUND,
+                    "409": NOT_DONE,
+                },
             }
         },
         "/api/documents/{id}/{folder}/{name}": {
@@ -154,13 +173,27 @@ def _paths(max_upload_mb: float) -> dict[str, Any]:
                 "relative links lead when it is read from `/api/documents/{id}/markdown`",
                 "operationId": "getFigure",
                 "parameters": [ID, _name("folder"), _name("name")],
-                "responses": {"200": _file("the figure"), "404": NOT_FOUND, "409": NOT_DONE},
+                "responses": {
+                    "200": _file("the figure"),
+                    "401": UNAUTHORISED,
+                    "404": NOT_FOUND,
+                    "409": NOT_DONE,
+                },
             }
         },
-        "/api/status": _report("The daemon's state as JSON (what `ocrd status` reads)"),
-        "/healthz": _report("200 while the main loop ticks, else 503"),
-        "/readyz": _report("200 when ready, else 503 with the problems"),
-        "/metrics": _report("Prometheus text format"),
+        "/api/status": _report(
+            "The daemon's state as JSON (what `ocrd status` reads): 200 when ready, else 503",
+            _json("StatusReport"),
+            guarded=True,
+        ),
+        "/healthz": _report("200 while the main loop ticks, else 503", _json("Liveness")),
+        "/readyz": _report("200 when ready, else 503 with the problems", _json("Readiness")),
+        "/metrics": _report(
+            "Prometheus text format",
+            {"text/plain": {"schema": {"type": "string"}}},
+            guarded=True,
+            always_ok=True,
+        ),
     }
 
 
@@ -168,13 +201,45 @@ def _name(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def _report(summary: str) -> dict[str, Any]:
-    return {"get": {"summary": summary, "responses": {"200": {"description": summary}}}}
+def _report(
+    summary: str, content: dict[str, Any], guarded: bool = False, always_ok: bool = False
+) -> dict[str, Any]:
+    """A report's route. Health (not `guarded`) answers without the token, as a load
+    balancer asks, unless `http.health_needs_token` says otherwise."""
+    responses: dict[str, Any] = {"200": {"description": summary, "content": content}}
+    if not always_ok:
+        responses["503"] = {"description": summary, "content": content}
+    responses["401"] = _answer("no bearer token, or a wrong one, where one is needed")
+    operation: dict[str, Any] = {"summary": summary, "responses": responses}
+    if not guarded:
+        operation["security"] = [{}, {"bearer": []}]
+    return {"get": operation}
+
+
+LIVENESS = {
+    "type": "object",
+    "required": ["status", "seconds_since_main_loop_tick"],
+    "properties": {
+        "status": {"enum": ["ok", "stuck"]},
+        "seconds_since_main_loop_tick": {"type": "number"},
+    },
+}
+READINESS = {
+    "type": "object",
+    "required": ["ready", "engine", "engine_state", "problems"],
+    "properties": {
+        "ready": {"type": "boolean"},
+        "engine": {"type": "string"},
+        "engine_state": {"type": "string"},
+        "problems": {"type": "array", "items": {"type": "string"}},
+    },
+}
 
 
 def document(
     version: str, max_upload_mb: float, models: dict[str, type[BaseModel]]
 ) -> dict[str, Any]:
+    models = {**models, "StatusReport": StatusReport}
     _, schemas = models_json_schema(
         [(model, "serialization") for model in models.values()], ref_template=REF
     )
@@ -192,6 +257,10 @@ def document(
         "paths": _paths(max_upload_mb),
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": schemas.get("$defs", {}),
+            "schemas": {
+                **schemas.get("$defs", {}),
+                "Liveness": LIVENESS,
+                "Readiness": READINESS,
+            },
         },
     }

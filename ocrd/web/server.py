@@ -52,8 +52,11 @@ from ocrd.web.uploading import Uploading
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LINGERING_SECONDS = 1.0  # after the answer, how long a body nobody reads may still come
-HEALTH_PATHS = frozenset({b"/healthz", b"/readyz", b"/metrics"})  # served beyond the limit
-UNGUARDED_PATHS = frozenset({"/healthz", "/readyz"})  # no token needed (a load balancer's)
+# served beyond the limit (/health: docling-serve's)
+HEALTH_PATHS = frozenset({b"/healthz", b"/readyz", b"/metrics", b"/health"})
+UNGUARDED_PATHS = frozenset({"/healthz", "/readyz", "/health"})  # a load balancer's: no token
+DOCLING_PREFIX = "/v1/"
+API_PAGE = "/docs"  # the page and Swagger UI's files; what it fetches from ocrd sends the token
 PEEK_SECONDS = 2.0  # a connection beyond the limit must say what it asks for within this
 MAX_REQUEST_LINE = 8192
 BUSY = (
@@ -319,15 +322,15 @@ class WebServer:
             return await handler(request)
         if request.path in UNGUARDED_PATHS and not self.config.health_needs_token:
             return await handler(request)  # what a load balancer asks, and nothing more
+        if request.path == API_PAGE or request.path.startswith(f"{API_PAGE}/"):
+            return await handler(request)  # Swagger UI's own files: as public as on PyPI
         if self.config.trust_loopback and _loopback(request.remote or ""):
             return await handler(request)
         if self.token is None:  # refused at start; never serve without the token asked for
-            return web.json_response({"error": f"{self.config.token_env} is not set"}, status=401)
+            return _unauthorised(request, f"{self.config.token_env} is not set")
         if token_matches(request, self.token):
             return await handler(request)
-        return web.json_response(
-            {"error": "a bearer token is required (Authorization: Bearer <token>)"}, status=401
-        )
+        return _unauthorised(request, "a bearer token is required (Authorization: Bearer <token>)")
 
     async def index(self, request: web.Request) -> web.Response:
         # A browser that came with ?token= keeps it on the page's links (it passed above).
@@ -376,6 +379,13 @@ async def _one_request_per_connection(request: web.Request, handler: Handler) ->
         raise
     response.force_close()
     return response
+
+
+def _unauthorised(request: web.Request, reason: str) -> web.Response:
+    """401 in the shape the route's clients read: docling-serve's `{"detail": ...}` on its
+    routes, ocrd's `{"error": ...}` elsewhere."""
+    docling = request.path.startswith(DOCLING_PREFIX) or request.path == "/health"
+    return web.json_response({"detail" if docling else "error": reason}, status=401)
 
 
 def _loopback(host: str) -> bool:

@@ -211,7 +211,7 @@ def _replica_row(replica: ReplicaStatus, now: float) -> str:
         f'<td class="num">{replica.in_flight} / {replica.capacity}</td>'
         f'<td class="num">{replica.pages_done}</td><td class="num">{replica.pages_failed}</td>'
         f'<td class="num">{replica.restarts}</td>'
-        f"<td>{escape(replica.self_check or 'not yet')}</td><td>{problem}</td></tr>"
+        f"<td>{escape(replica.self_check_words())}</td><td>{problem}</td></tr>"
     )
 
 

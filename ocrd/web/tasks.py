@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import contextlib
 import json
 import os
@@ -39,11 +40,19 @@ from ocrd.files.dropped import printable
 from ocrd.log import get_logger
 from ocrd.output.write import OutputFiles
 from ocrd.uploads.receiving import UPLOAD_ID
-from ocrd.uploads.tasks import RECORD, TaskOptions, TaskRecordError, read_record, remove_record
-from ocrd.web.documents import Documents, DocumentState, Found, Outputs
+from ocrd.uploads.tasks import (
+    TaskOptions,
+    TaskRecordError,
+    read_record,
+    registered,
+    remove_record,
+)
+from ocrd.web.documents import RECHECK_SECONDS, Documents, DocumentState, Found, Outputs
 
 TIDY_SECONDS = 60.0
+QUEUE_SECONDS = 2.0  # how old the list of waiting tasks that positions come from may be
 MAX_OUTPUT_BYTES = 256 * 1024 * 1024  # an output read back into an answer
+PART_BREAK = "\n\n"  # between the Markdown of a split document's parts
 PLACEHOLDER = "<!-- image -->"  # docling's placeholder for a picture
 _LINK = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 
@@ -117,26 +126,30 @@ def _read(outputs: Outputs, parts: tuple[str, ...]) -> bytes | None:
 
 
 def unfinished_pages(outputs: Outputs) -> list[int]:
-    """The pages the engine left unfinished, from the layout file a task's document gets."""
-    layout = _read(outputs, (OutputFiles(Path(outputs.markdown)).layout.name,))
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        return [int(page) for page in json.loads(layout or b"{}").get("unfinished_pages", [])]
-    return []
+    """The pages the engine left unfinished, from the layout file a task's document gets
+    (each part's, where it was split)."""
+    pages: list[int] = []
+    for markdown in outputs.markdowns:
+        layout = _read(outputs, (OutputFiles(Path(markdown)).layout.name,))
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            listed = json.loads(layout or b"{}").get("unfinished_pages", [])
+            pages += [int(page) for page in listed]
+    return pages
 
 
-def position(inbox: InboxConfig, upload_id: str, created_at: float) -> int:
-    """1 + the tasks waiting in the inbox that were accepted before this one. Blocking."""
-    ahead = 0
+def waiting_tasks(inbox: InboxConfig) -> list[float]:
+    """When each task still waiting in the inbox was accepted, in order. Blocking."""
+    accepted = []
     for name, info in entries_beneath(inbox.path, (UPLOADS_FOLDER,)):
-        if name == upload_id or not UPLOAD_ID.match(name) or not info.st_mtime:
+        if not UPLOAD_ID.match(name) or not info.st_mtime:
             continue
         if not visible_files(inbox.path, (UPLOADS_FOLDER, name)):
             continue  # claimed (or not yet complete)
         with contextlib.suppress(TaskRecordError):
-            other = read_record(inbox, name)
-            if other is not None and other.created_at < created_at:
-                ahead += 1
-    return ahead + 1
+            task = read_record(inbox, name)
+            if task is not None:
+                accepted.append(task.created_at)
+    return sorted(accepted)
 
 
 # --- the answer ------------------------------------------------------------------------------
@@ -197,23 +210,48 @@ def text_of(data: dict[str, Any]) -> str:
 
 
 def document_content(task: Task, images: Images) -> dict[str, Any]:
-    """`document` of docling-serve's answer: the formats the task asked for. Blocking."""
+    """`document` of docling-serve's answer: the formats the task asked for, of the whole
+    document (a document split at separator or blank pages: its parts joined, in order).
+    Blocking."""
     found, formats = task.found, task.options.to_formats
     content: dict[str, Any] = {"filename": task.options.filename or printable(found.name)}
     outputs = found.outputs
     if outputs is None or task.status is TaskStatus.failure:
         return content
+    parts = [Outputs(outputs.root, outputs.folder, (name,)) for name in outputs.markdowns]
     if "md" in formats:
-        markdown = _read(outputs, (outputs.markdown,)) or b""
-        content["md_content"] = markdown_for(markdown.decode("utf-8", "replace"), outputs, images)
+        content["md_content"] = PART_BREAK.join(
+            markdown_for(
+                (_read(part, (part.markdown,)) or b"").decode("utf-8", "replace"), part, images
+            )
+            for part in parts
+        )
     if "json" in formats or "text" in formats:
-        raw = _read(outputs, (OutputFiles(Path(outputs.markdown)).docling.name,))
-        data = json.loads(raw) if raw else None
+        data = _joined([_docling_of(part, images) for part in parts])
         if data is not None and "text" in formats:
             content["text_content"] = text_of(data)
         if data is not None and "json" in formats:
-            content["json_content"] = docling_for(data, outputs, images)
+            content["json_content"] = data
     return content
+
+
+def _docling_of(part: Outputs, images: Images) -> dict[str, Any] | None:
+    raw = _read(part, (OutputFiles(Path(part.markdown)).docling.name,))
+    return docling_for(json.loads(raw), part, images) if raw else None
+
+
+def _joined(documents: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """One DoclingDocument of a document's parts (None where a part has none)."""
+    if any(document is None for document in documents) or not documents:
+        return None
+    if len(documents) == 1:
+        return documents[0]
+    from docling_core.types.doc.document import DoclingDocument  # slow to import: see text_of
+
+    parts = [DoclingDocument.model_validate(document) for document in documents]
+    joined = DoclingDocument.concatenate(parts)
+    joined.name = parts[0].name
+    return joined.export_to_dict()
 
 
 def errors_of(task: Task) -> list[dict[str, Any]]:
@@ -250,6 +288,8 @@ class Tasks:
         self.documents = documents
         self.config = config  # the daemon's configuration now (a reload changes it)
         self.log = get_logger()
+        self._queues: dict[str, tuple[float, list[float]]] = {}  # per inbox: made, queue
+        self._queue_lock = asyncio.Lock()
 
     def _inbox(self, path: str) -> InboxConfig | None:
         return next((i for i in self.config().inboxes if str(i.path) == path), None)
@@ -263,8 +303,24 @@ class Tasks:
         )
         inbox = self._inbox(found.inbox) if found is not None else None
         if found is None or inbox is None:
-            return None
-        return await asyncio.to_thread(self._task, inbox, found)
+            return await self._unseen(task_id, wait)
+        task = await asyncio.to_thread(self._task, inbox, found)
+        if task is not None and task.status is TaskStatus.pending:
+            task.position = await self._position(inbox, task)
+        return task
+
+    async def _unseen(self, task_id: str, wait: float) -> Task | None:
+        """A task ocrd accepted whose file is nowhere it looks (someone moved the uploads
+        folder, which `ocrd/uploads/guard.py` puts back): still pending, never unknown."""
+        for inbox in [i for i in self.config().inboxes if i.uploads]:
+            with contextlib.suppress(TaskRecordError):
+                options = await asyncio.to_thread(read_record, inbox, task_id)
+                if options is not None:
+                    await asyncio.sleep(min(wait, RECHECK_SECONDS))
+                    relative = f"{UPLOADS_FOLDER}/{task_id}/{options.filename}"
+                    waiting = Found(task_id, str(inbox.path), DocumentState.waiting, relative)
+                    return Task(waiting, options)
+        return None
 
     @staticmethod
     def _task(inbox: InboxConfig, found: Found) -> Task | None:
@@ -275,11 +331,21 @@ class Tasks:
         if options is None:
             return None  # an upload of the documents API, or a task tidied away
         task = Task(found, options)
-        if found.state is DocumentState.waiting:
-            task.position = position(inbox, found.id, options.created_at)
-        elif found.state is DocumentState.done and found.outputs is not None:
+        if found.state is DocumentState.done and found.outputs is not None:
             task.unfinished_pages = unfinished_pages(found.outputs)
         return task
+
+    async def _position(self, inbox: InboxConfig, task: Task) -> int:
+        """1 + the tasks waiting in the inbox that were accepted before this one, from a
+        list of them made at most every QUEUE_SECONDS (shared by every poll meanwhile: a
+        poll costs the same with a thousand tasks waiting as with one)."""
+        key = str(inbox.path)
+        async with self._queue_lock:
+            made, queue = self._queues.get(key, (-QUEUE_SECONDS, []))
+            if time.monotonic() - made >= QUEUE_SECONDS:
+                queue = await asyncio.to_thread(waiting_tasks, inbox)
+                self._queues[key] = (time.monotonic(), queue)
+        return 1 + bisect.bisect_left(queue, task.options.created_at)
 
     @contextlib.asynccontextmanager
     async def tidying(self) -> AsyncIterator[None]:
@@ -317,23 +383,30 @@ class Tasks:
         ago; their ids."""
         now = time.time() if now is None else now
         removed = []
-        for name, _ in await asyncio.to_thread(entries_beneath, inbox.path, (UPLOADS_FOLDER,)):
-            if not UPLOAD_ID.match(name):
-                continue
-            entries = await asyncio.to_thread(entries_beneath, inbox.path, (UPLOADS_FOLDER, name))
-            record = dict(entries).get(RECORD)
-            if record is None:
+        for name in await asyncio.to_thread(task_ids, inbox):
+            try:
+                options = await asyncio.to_thread(read_record, inbox, name)
+            except TaskRecordError:
+                options = None
+            if options is None:
                 continue
             found = await self.documents.find(name)
             if found is not None and not found.settled:
                 continue
             # No document at all: an upload that never completed, as old as its record.
-            finished = (_seconds(found.finished_at) if found else None) or record.st_mtime
+            finished = (_seconds(found.finished_at) if found else None) or options.created_at
             if now - finished < keep:
                 continue
             await asyncio.to_thread(remove_task, inbox, name)
             removed.append(name)
         return removed
+
+
+def task_ids(inbox: InboxConfig) -> set[str]:
+    """The ids of the inbox's tasks: those ocrd keeps a record of, and the upload folders
+    (of tasks an older ocrd accepted). Blocking."""
+    folders = [name for name, _ in entries_beneath(inbox.path, (UPLOADS_FOLDER,))]
+    return {name for name in folders if UPLOAD_ID.match(name)} | set(registered(inbox))
 
 
 def remove_task(inbox: InboxConfig, upload_id: str) -> None:
