@@ -94,6 +94,10 @@ class _Run:
         and a thread hop each document."""
         return self.journal if self.progress.done < self.progress.pages else None
 
+    def sent(self, page: PageImage) -> PageImage:
+        """The page, for the engine of the model its inbox chose."""
+        return replace(page, model=self.settings.model)
+
 
 class Pipeline:
     def __init__(
@@ -374,10 +378,7 @@ class Pipeline:
             attempt += 1
             try:  # no local name holds the pixels while the engine has them
                 return await self.engine.recognise(
-                    replace(  # to the engine of the model its inbox chose
-                        rendered.pop() if rendered else await self._render(ref, number),
-                        model=run.settings.model,
-                    ),
+                    run.sent(rendered.pop() if rendered else await self._render(ref, number)),
                     prompt,
                     self.budget.priority(run.ticket),
                 )
