@@ -250,6 +250,7 @@ class PageResult:
     page_size_pt: tuple[float, float]
     blocks: list[Block]  # parsed from the text: what the Markdown and the figures come from
     figures: dict[int, Figure] = field(default_factory=dict)  # image block index: its crop
+    figures_left_out: int = 0  # figures not cut: more than the inbox's max_figures_per_page
     retried: bool = False
     source: PageSource = PageSource.engine
     separator: SeparatorMark | None = None  # with split_on: what detection found

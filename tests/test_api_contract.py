@@ -42,21 +42,9 @@ TOKEN = "contract-token"
 AUTHORISED = {"Authorization": f"Bearer {TOKEN}"}
 EXAMPLES = 50  # per operation and generation mode (valid, invalid)
 
-# Faults found here in files another change owns (the upload and docling routes): each
-# stays marked until fixed; strict, so that a fix shows as XPASS and the mark is removed.
-MALFORMED_500 = (
-    "issue: malformed-request 500s on the upload and docling routes: aiohttp's multipart "
-    "parser raises InvalidHeader (uncaught) for a part header with a control character"
-)
-TARGET_500 = (
-    "issue: malformed-request 500s on the docling routes: a JSON `target` that is not an "
-    "object raises AttributeError (docling.py, _source_task)"
-)
-KNOWN_FAULTS = {
-    "POST /api/documents": MALFORMED_500,
-    "POST /v1/convert/file": MALFORMED_500,
-    "POST /v1/convert/file/async": MALFORMED_500,
-}
+# Faults schemathesis found, fixed, and kept as tests: a part header with a control
+# character (aiohttp's parser raised InvalidHeader), a JSON `target` that is not an object.
+KNOWN_FAULTS: dict[str, str] = {}
 CONTROL_CHARACTER_PART = (
     b'--XX\r\nContent-Disposition: form-data; name="\x05options"\r\n\r\n{}\r\n'
     b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a.pdf"\r\n\r\n%PDF\r\n'
@@ -215,7 +203,6 @@ TARGET_NOT_AN_OBJECT = (
             MULTIPART,
             CONTROL_CHARACTER_PART,
             id=f"{path}-control-character-in-a-part-header",
-            marks=pytest.mark.xfail(strict=True, reason=MALFORMED_500),
         )
         for path in ("/api/documents", "/v1/convert/file", "/v1/convert/file/async")
     ]
@@ -225,7 +212,6 @@ TARGET_NOT_AN_OBJECT = (
             {"Content-Type": "application/json"},
             TARGET_NOT_AN_OBJECT,
             id=f"{path}-target-not-an-object",
-            marks=pytest.mark.xfail(strict=True, reason=TARGET_500),
         )
         for path in ("/v1/convert/source", "/v1/convert/source/async")
     ],

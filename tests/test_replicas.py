@@ -332,8 +332,8 @@ def test_replica_metrics_are_merged_with_a_replica_label() -> None:
     assert merge_metrics([("gpu0", one), ("gpu1", two)]) == (
         "# HELP vllm:num_requests_running Running.\n"
         "# TYPE vllm:num_requests_running gauge\n"
-        'vllm:num_requests_running{replica="gpu0",engine="0",model_name="m"} 3.0\n'
-        'vllm:num_requests_running{replica="gpu1",engine="0",model_name="m"} 1.0\n'
+        'vllm:num_requests_running{engine="0",model_name="m",replica="gpu0"} 3.0\n'
+        'vllm:num_requests_running{engine="0",model_name="m",replica="gpu1"} 1.0\n'
     )
 
 
@@ -347,8 +347,8 @@ def test_simulated_replicas_expose_their_metrics_labelled_by_replica() -> None:
             await engine.stop()
 
     text = run(scenario())
-    assert 'vllm:num_requests_running{replica="replica1",model_name="simulated"} 0' in text
-    assert 'vllm:request_success_total{replica="replica2",model_name="simulated"}' in text
+    assert 'vllm:num_requests_running{model_name="simulated",replica="replica1"} 0' in text
+    assert 'vllm:request_success_total{model_name="simulated",replica="replica2"}' in text
 
 
 def test_a_real_ocr_engine_reads_ocrds_test_page_well_enough_to_pass() -> None:

@@ -110,6 +110,9 @@ class DocumentOptions(Strict):
     retry_unfinished: bool = True
     tables: TableFormat = TableFormat.markdown
     figures: bool = True
+    # At most this many figures cut from one page; more is a page that went wrong (or a
+    # worker that lies): the rest are not cut, and the page says so.
+    max_figures_per_page: Annotated[int, Field(ge=0, le=10000)] = 50
     layout_file: bool = False
     keep_raw: bool = False
     strip_headers_footers: bool = False

@@ -27,6 +27,7 @@ from ocrd.config import (
     UnfinishedPages,
 )
 from ocrd.documents import failures
+from ocrd.documents.figures import cut_figures, say_figures_left_out
 from ocrd.documents.schedule import PageBudget, Ticket
 from ocrd.documents.sources import Inputs, PageRef, SourceKind, Sources, page_order, read_inputs
 from ocrd.domain import (
@@ -46,8 +47,6 @@ from ocrd.output.page import (
     assemble_page,
     better,
     blank_page,
-    figure_name,
-    figure_regions,
     separator_page,
     text_layer_page,
     without_text,
@@ -293,8 +292,8 @@ class Pipeline:
                 result.no_text = without_text(result, refused)
             result.separator = mark
             if run.figures is not None and result.source is PageSource.engine:
-                dpi = run.settings.figure_resolution
-                await cut_figures(self.renderers, ref, result, dpi, run.figures)
+                await cut_figures(self.renderers, ref, result, run.settings, run.figures)
+                say_figures_left_out(run.log, result, run.settings)
         except RenderError as error:
             if len({r.source for r in run.pages}) == 1:
                 raise
@@ -408,20 +407,6 @@ async def _page_count(renderers: RenderPool, source: SourceFile, one_of_several:
         if not one_of_several:
             raise
         raise RenderError(f"{source.path.name}: {error}", code=error.code) from None
-
-
-async def cut_figures(
-    renderers: RenderPool, source: PageRef, page: PageResult, dpi: int, folder: Path
-) -> None:
-    """Cut the page's figures from its source page into `folder` (by the render workers)."""
-    regions = figure_regions(page)
-    if not regions:
-        return
-    names = [figure_name(page.number, n) for n in range(1, len(regions) + 1)]
-    cuts = await renderers.figures(
-        source.source, source.number, list(regions.values()), dpi, folder, names
-    )
-    page.figures = dict(zip(regions, cuts, strict=True))
 
 
 async def searchable_pdfs(

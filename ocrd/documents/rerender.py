@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ocrd.config import DocumentOptions, OutputKind
 from ocrd.documents import failures
-from ocrd.documents.pipeline import cut_figures, searchable_pdfs, split_document
+from ocrd.documents.figures import cut_figures
+from ocrd.documents.pipeline import searchable_pdfs, split_document
 from ocrd.documents.sources import PageRef, SourceKind
 from ocrd.domain import DocumentFailed, DocumentResult
 from ocrd.output.page import RawPage, text_from_record
@@ -61,7 +62,7 @@ async def rerender(
                         pool,
                         PageRef(source, number),
                         page,
-                        settings.figure_resolution,
+                        settings,
                         Path(scratch),
                     )
                 pages.append(page)

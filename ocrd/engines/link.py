@@ -23,6 +23,11 @@ PROBE_TIMEOUT_SECONDS = 10.0
 # Below uvicorn's keep-alive (vLLM's default 5 s), so that ocrd never sends a page on a
 # connection the server has just closed (which would look like a drop with the page in it).
 KEEPALIVE_SECONDS = 4.0
+# An answer is read into memory only up to a limit: a server that sends more (a hostile or
+# broken one) fails that request, never the daemon's memory. Probes, lists and metrics are
+# small; a page's answer gets its own limit from its `max_tokens` (sending.py).
+DEFAULT_LIMIT_BYTES = 4 * 1024 * 1024
+READ_CHUNK_BYTES = 64 * 1024
 
 
 class LinkError(Exception):
@@ -35,6 +40,14 @@ class Unreachable(LinkError):
 
 class Dropped(LinkError):
     """The connection broke, or no answer came in time, with the request in flight."""
+
+
+class TooLarge(LinkError):
+    """The server's answer was longer than the request's limit; it was not read further."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"its answer was longer than the limit of {limit:,} bytes")
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -105,22 +118,33 @@ class ServerLink:
         self.open()
 
     async def post(
-        self, path: str, body: dict[str, Any], timeout: float, request_id: str | None = None
+        self,
+        path: str,
+        body: dict[str, Any],
+        timeout: float,
+        request_id: str | None = None,
+        limit: int = DEFAULT_LIMIT_BYTES,
     ) -> Answer:
         headers = {"X-Request-Id": request_id} if request_id else None
-        return await self._request("POST", f"{self.base_url}{path}", timeout, body, headers)
+        url = f"{self.base_url}{path}"
+        return await self._request("POST", url, timeout, limit, body, headers)
 
     async def get(
-        self, path: str, timeout: float = PROBE_TIMEOUT_SECONDS, root: bool = False
+        self,
+        path: str,
+        timeout: float = PROBE_TIMEOUT_SECONDS,
+        root: bool = False,
+        limit: int = DEFAULT_LIMIT_BYTES,
     ) -> Answer:
         base = self.root if root else self.base_url
-        return await self._request("GET", f"{base}{path}", timeout)
+        return await self._request("GET", f"{base}{path}", timeout, limit)
 
     async def _request(
         self,
         method: str,
         url: str,
         timeout: float,
+        limit: int,
         body: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> Answer:
@@ -135,7 +159,7 @@ class ServerLink:
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 10.0)),
             ) as response:
-                return Answer(response.status, await response.read())
+                return Answer(response.status, await _read_bounded(response, limit))
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
             raise Unreachable(_describe(error)) from error
         except FileNotFoundError as error:  # a Unix socket not there (yet)
@@ -144,6 +168,19 @@ class ServerLink:
             raise Dropped(f"no answer within {timeout:g} s") from error
         except (aiohttp.ClientError, ConnectionError) as error:
             raise Dropped(_describe(error)) from error
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, read in chunks as it arrives (within the request's total timeout), given
+    up as soon as it is longer than `limit`: at most `limit` plus one chunk is ever held."""
+    if response.content_length is not None and response.content_length > limit:
+        raise TooLarge(limit)
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(READ_CHUNK_BYTES):
+        body += chunk
+        if len(body) > limit:
+            raise TooLarge(limit)
+    return bytes(body)
 
 
 def _describe(error: BaseException) -> str:

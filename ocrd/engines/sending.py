@@ -19,7 +19,7 @@ from typing import Any
 from ocrd.domain import PageText
 from ocrd.engines.base import EngineError, ReplicaState
 from ocrd.engines.keepers import REFUSES_US
-from ocrd.engines.link import Dropped, Unreachable
+from ocrd.engines.link import Dropped, TooLarge, Unreachable
 from ocrd.engines.replica import Replica
 
 
@@ -41,6 +41,22 @@ class Failed(Exception):
 
 MarkDown = Callable[[Replica, int, str], None]
 
+# What a page's answer can hold, from the `max_tokens` it was sent with. A token decodes to a
+# few characters; the longest tokens of BPE vocabularies (runs of spaces or dashes) to a few
+# dozen, so 64 characters a token is a ceiling no real answer reaches. In the JSON body a
+# character takes at most 6 bytes (a `\uXXXX` escape), and the rest of the answer (ids,
+# usage, finish reason) fits in 1 MiB. At the default max_tokens (8192): at most 524,288
+# characters of text in at most 4 MiB. More is no model's answer: the request fails.
+CHARACTERS_PER_TOKEN = 64
+JSON_BYTES_PER_CHARACTER = 6
+ANSWER_OVERHEAD_BYTES = 1024 * 1024
+
+
+def answer_limits(max_tokens: int) -> tuple[int, int]:
+    """The most bytes of body and characters of text a page's answer may have."""
+    characters = max_tokens * CHARACTERS_PER_TOKEN
+    return characters * JSON_BYTES_PER_CHARACTER + ANSWER_OVERHEAD_BYTES, characters
+
 
 class Sender:
     """Posts pages; `mark_down(replica, generation, problem)` is told of a replica seen down."""
@@ -58,10 +74,17 @@ class Sender:
     ) -> PageText:
         started = time.monotonic()
         request_id = self.request_id(page)
+        max_tokens = int(body["max_tokens"])
+        byte_limit, character_limit = answer_limits(max_tokens)
         try:
             answer = await replica.link.post(
-                "/chat/completions", body, self.request_timeout, request_id
+                "/chat/completions", body, self.request_timeout, request_id, byte_limit
             )
+        except TooLarge as error:
+            raise Failed(
+                f"{replica.name}: {error}, more than an answer of max_tokens {max_tokens} "
+                "can be (it was not read further)"
+            ) from None
         except Unreachable as error:
             self.mark_down(replica, generation, str(error))
             raise NeverSent from None
@@ -71,7 +94,14 @@ class Sender:
         if status == 200:
             if answer.data is None:
                 raise Failed(f"{replica.name}: the answer is not JSON: {answer.text[:200]}")
-            return page_text(answer.data, time.monotonic() - started, page, self.strip)
+            text = page_text(answer.data, time.monotonic() - started, page, self.strip)
+            if len(text.text) > character_limit:
+                raise Failed(
+                    f"{replica.name}: its answer holds {len(text.text):,} characters of text, "
+                    f"more than max_tokens {max_tokens} can produce "
+                    f"(at most {character_limit:,})"
+                )
+            return text
         said = f"HTTP {status}: {answer.text[:300]}"
         if status in REFUSES_US:
             self.mark_down(replica, generation, f"refuses ocrd's {REFUSES_US[status]} ({said})")

@@ -36,17 +36,41 @@ def figure_box_px(box: Box, image_size: tuple[int, int]) -> tuple[int, int, int,
     return round(x1), round(y1), round(x2), round(y2)
 
 
-def figure_regions(page: PageResult) -> dict[int, FigureBox]:
-    """Every `image` block's first box worth cutting, by block index, as page fractions."""
+@dataclass(frozen=True)
+class FigurePlan:
+    """Which of a page's `image` blocks are cut (by block index, as page fractions), which
+    share another's cut (the same box again), and how many are left out (over the limit)."""
+
+    regions: dict[int, FigureBox]
+    same_as: dict[int, int]
+    left_out: int
+
+
+def figure_plan(page: PageResult, limit: int) -> FigurePlan:
+    """Every `image` block's first box worth cutting, at most `limit` of them. A box too
+    small to be a figure is no figure; one the page already has (the same pixels) is cut
+    once and linked again; neither counts towards the limit."""
     regions: dict[int, FigureBox] = {}
+    first_with: dict[tuple[int, int, int, int], int] = {}
+    same_as: dict[int, int] = {}
+    left_out = 0
     for index, block in enumerate(page.blocks):
         if block.label != "image" or not block.boxes:
             continue
-        left, top, right, bottom = figure_box_px(block.boxes[0], page.image_size)
+        pixels = figure_box_px(block.boxes[0], page.image_size)
+        left, top, right, bottom = pixels
         if right - left < MIN_FIGURE_SIDE_PX or bottom - top < MIN_FIGURE_SIDE_PX:
             continue
+        if pixels in first_with:
+            if first_with[pixels] in regions:
+                same_as[index] = first_with[pixels]
+            continue
+        first_with[pixels] = index
+        if len(regions) >= limit:
+            left_out += 1
+            continue
         regions[index] = block.boxes[0].scaled(1.0, 1.0)
-    return regions
+    return FigurePlan(regions, same_as, left_out)
 
 
 def figure_name(page: int, number: int) -> str:
@@ -284,6 +308,7 @@ class PageJournal:
                     source=raw.source,
                     separator=raw.separator,
                     no_text=raw.no_text,
+                    figures_left_out=int(record.get("figures_left_out", 0)),
                 )
             except (ValueError, KeyError, TypeError):
                 continue
@@ -300,6 +325,7 @@ class PageJournal:
             "image_size": list(page.image_size),
             "page_size_pt": list(page.page_size_pt),
             "figures": {str(i): _figure_record(f) for i, f in page.figures.items()},
+            "figures_left_out": page.figures_left_out,
         }
         self._write(record)
 

@@ -42,6 +42,11 @@ UNFINISHED_MARKER = (
     "(finish reason: {reason})."
 )
 
+FIGURES_LEFT_OUT_MARKER = (
+    "> **ocrd:** page {page} has {count} more figures than max_figures_per_page ({limit}) "
+    "allows; they were not cut."
+)
+
 
 @dataclass(frozen=True)
 class OutputFiles:
@@ -142,6 +147,11 @@ def render_markdown(result: DocumentResult, settings: DocumentOptions, assets: s
         if page.unfinished:
             marker = UNFINISHED_MARKER.format(page=page.number, reason=page.finish_reason)
             pages[index] = f"{pages[index]}\n\n{marker}".strip()
+        if page.figures_left_out:
+            marker = FIGURES_LEFT_OUT_MARKER.format(
+                page=page.number, count=page.figures_left_out, limit=settings.max_figures_per_page
+            )
+            pages[index] = f"{pages[index]}\n\n{marker}".strip()
     return join_pages(pages, settings.page_separator)
 
 
@@ -178,6 +188,7 @@ def _page_layout(page: PageResult, assets: str) -> dict[str, Any]:
         "unfinished": page.unfinished,
         "no_text": page.no_text,
         "retried": page.retried,
+        "figures_left_out": page.figures_left_out,
         "prompt_tokens": page.text.prompt_tokens,
         "completion_tokens": page.text.completion_tokens,
         "blocks": [
@@ -215,7 +226,10 @@ def raw_lines(result: DocumentResult) -> bytes:
 
 def _place_figures(result: DocumentResult, assets: Path) -> None:
     """Copy the figure crops into `assets`, which appears whole (renamed into place)."""
-    figures = [figure.path for page in result.pages for figure in page.figures.values()]
+    # A figure the page has twice (the same box) is one file, linked twice.
+    figures = list(
+        dict.fromkeys(figure.path for page in result.pages for figure in page.figures.values())
+    )
     if assets.is_symlink():
         assets.unlink()  # put there since its name was planned; never followed
     elif assets.exists():

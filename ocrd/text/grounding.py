@@ -6,6 +6,11 @@ saw. The text is untrusted: a page can make the model write anything, so it is o
 matched, never evaluated, and every malformation is tolerated: unknown labels, several
 boxes in one tag, coordinates out of range or inverted, missing or unclosed tags, text
 before the first tag, and output cut off in the middle of a block.
+
+A page has at most `MAX_BLOCKS` blocks: a real answer cannot have more (a block costs at
+least a dozen tokens of tags, and a page at most `max_tokens`, 8192 by default, about 600
+blocks). What a page writes after that many is kept as the text of one last block (its
+tags removed when it is written), not split further.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 SCALE = 999  # the model's coordinates run from 0 to 999 on each axis
+MAX_BLOCKS = 2000
 
 _TAG = re.compile(r"(<\|/?ref\|>|<\|/?det\|>)")
 _NUMBER = r"\s*(-?\d+(?:\.\d+)?)\s*"
@@ -76,8 +82,9 @@ def clean_label(text: str) -> str:
     return label or "text"
 
 
-def parse_page(raw: str) -> list[Block]:
-    """Blocks in the order the model wrote them; text outside any tag is a `text` block."""
+def parse_page(raw: str, max_blocks: int = MAX_BLOCKS) -> list[Block]:
+    """Blocks in the order the model wrote them; text outside any tag is a `text` block;
+    from block `max_blocks` on, the rest of the text is one last `text` block."""
     blocks: list[Block] = []
     boxes: tuple[Box, ...] = ()
     label, content = "text", ""
@@ -90,12 +97,16 @@ def parse_page(raw: str) -> list[Block]:
             blocks.append(Block(label, boxes, content.strip("\n")))
         label, boxes, content = "text", (), ""
 
-    for part in _TAG.split(raw):
+    parts = _TAG.split(raw)
+    for index, part in enumerate(parts):
         if part == "<|ref|>":
             if state == "det":  # an unclosed det tag
                 found, rest = _split_unclosed_det(pending)
                 boxes, content = boxes + found, content + rest
             finish_block()
+            if len(blocks) >= max_blocks - 1:  # the rest as it is, in one last block
+                blocks.append(Block("text", (), "".join(parts[index:])))
+                return blocks
             state, pending = "label", ""
         elif part == "<|/ref|>":
             if state == "label":

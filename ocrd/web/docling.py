@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, BinaryIO
 
 from aiohttp import BodyPartReader, ClientPayloadError, MultipartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ocrd.config import HttpConfig, InboxConfig
 from ocrd.files.dropped import printable
@@ -203,7 +204,7 @@ class DoclingApi:
                 if sum(map(len, fields.values())) >= MAX_FIELDS:
                     raise UploadRefused(422, "too many form fields")
                 fields.setdefault(part.name or "", []).append(await self.api._field(part))
-        except (ValueError, AssertionError) as malformed:  # what aiohttp's parser says
+        except (ValueError, AssertionError, HttpProcessingError) as malformed:  # aiohttp's parser
             raise UploadRefused(400, f"the multipart body is malformed: {malformed}") from None
         raise UploadRefused(400, "no file: send it as the multipart field 'files'")
 

@@ -6,6 +6,7 @@ replica processes, each sample labelled with its replica."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import (
@@ -20,10 +21,12 @@ from prometheus_client.registry import Collector
 
 from ocrd.domain import DocumentSummary, Outcome, PageResult, PageSource
 from ocrd.engines import EngineState, ReplicaState
+from ocrd.engines.replica_metrics import without_families
 from ocrd.status import ReplicaStatus, StatusReport
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PAGE_SECONDS = (0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
+_FAMILY = re.compile(r"^# TYPE (\S+)", re.MULTILINE)
 DOCUMENT_SECONDS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 
 
@@ -305,5 +308,10 @@ class Metrics:
     async def exposition(self) -> bytes:
         """ocrd's metrics, then the process-wide registry's (vLLM's, the process's), then
         those of the engine's replica processes."""
-        replicas = (await self.replica_metrics()).encode() if self.replica_metrics else b""
-        return generate_latest(self.registry) + generate_latest(REGISTRY) + replicas
+        own = generate_latest(self.registry) + generate_latest(REGISTRY)
+        if self.replica_metrics is None:
+            return own
+        # A family named twice makes the whole exposition unparseable: the replicas' are
+        # left out where the daemon has one of the same name (vLLM's, in its process).
+        names = _FAMILY.findall(own.decode())
+        return own + without_families(await self.replica_metrics(), names).encode()

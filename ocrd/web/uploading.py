@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import BodyPartReader, ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ocrd.config import HttpConfig
 from ocrd.files.dropped import printable
@@ -178,7 +179,7 @@ class Uploading:
                 elif part.name == "file":
                     read = functools.partial(part.read_chunk, READ_BYTES)
                     return await self._store(request, inbox_name, part.filename, read)
-        except (ValueError, AssertionError) as malformed:  # what aiohttp's parser says
+        except (ValueError, AssertionError, HttpProcessingError) as malformed:  # aiohttp's parser
             raise UploadRefused(400, f"the multipart body is malformed: {malformed}") from None
 
     async def _field(self, part: BodyPartReader) -> str:
