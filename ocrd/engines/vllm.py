@@ -68,6 +68,7 @@ class VllmEngine(InProcess):
         self.self_checks = self_check
         self.health = EngineHealth()
         self._engine: Any = None
+        self._processor: Any = None  # the model's processor, for its chat template
         self._params: Any = None
         self._ids = itertools.count(1)
         self._dead_errors: tuple[type[BaseException], ...] = ()
@@ -132,17 +133,22 @@ class VllmEngine(InProcess):
 
     async def prompt_text(self, prompt: str) -> str:
         """The prompt as the model takes it: as written where it places the image itself,
-        else the model's chat template around the image and the prompt."""
+        else the model's chat template (its processor's) around the image and the prompt."""
         if IMAGE_PLACEHOLDER in prompt:
             return prompt
-        tokenizer = self._engine.get_tokenizer()
-        if asyncio.iscoroutine(tokenizer):
-            tokenizer = await tokenizer
+        if self._processor is None:
+            from transformers import AutoProcessor
+
+            self._processor = await asyncio.to_thread(
+                AutoProcessor.from_pretrained, self.config.tokenizer or self.config.model
+            )
         content: list[dict[str, str]] = [{"type": "image"}]
         if prompt:
             content.append({"type": "text", "text": prompt})
         messages = [{"role": "user", "content": content}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self._processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
         return str(text)
 
     async def start(self) -> None:
