@@ -27,7 +27,7 @@ from conftest import files_under, write_config
 from helpers import make_pdf
 from routed_fleet import wait_serving
 
-from ocrd.config import parse_config
+from ocrd.config import PromptMode, parse_config
 from ocrd.config.reload import plan_reload
 from ocrd.engines import EngineState, create_engine
 from ocrd.engines.models import ModelEngines
@@ -399,3 +399,20 @@ def test_models_sharing_a_gpu_must_share_its_memory_out() -> None:
     lighton = shared.for_model("lightonocr-2")
     assert lighton.vllm.gpus == (0,) and lighton.vllm.gpu_memory_utilization == 0.3
     assert "model" not in lighton.vllm.model_fields_set  # the model's own weights, not DeepSeek's
+
+
+def test_a_journal_line_is_read_back_by_the_parser_of_the_model_that_wrote_it() -> None:
+    """`ocrd rerender` and a resumed document read each raw page with its model's parser:
+    olmOCR's front matter stays out of its blocks; a model this ocrd does not know (a
+    journal of another version) is read as grounded Markdown, not an error."""
+    from ocrd.engines.simulated_answers import page_answer
+    from ocrd.output.page import page_blocks, text_from_record
+
+    answer = page_answer(models()["olmocr-2"], 1, (600, 800), "ab12", PromptMode.layout)
+    record = {"page": 1, "text": answer, "model": "olmocr-2"}
+    blocks = page_blocks(text_from_record(record).text, (600, 800))
+    assert [b.label for b in blocks] == ["title", "text", "image"]
+    assert not any("primary_language" in b.content for b in blocks)
+    unknown = text_from_record({**record, "model": "no-such-model"}).text
+    assert unknown.model == "no-such-model"
+    assert any("primary_language" in b.content for b in page_blocks(unknown, (600, 800)))
