@@ -226,6 +226,7 @@ class InProcess:
                 self_check=self.self_check_result,
                 problem=self.health.problem,
                 pid=os.getpid(),
+                model=self.model_name,
                 self_checks=self.self_checks,
             )
         ]
@@ -233,6 +234,12 @@ class InProcess:
     @property
     def summary(self) -> str:
         return f"in-process engine {self.health.state.value}"
+
+    @property
+    def model_name(self) -> str | None:
+        """The OCR model it serves (None: it reads without one, RapidOCR)."""
+        recipe = getattr(self, "recipe", None)
+        return str(recipe.name) if recipe is not None else None
 
     async def metrics_text(self) -> str:
         return ""  # vLLM's in-process metrics are in the daemon's own registry

@@ -14,7 +14,6 @@ named with its model.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -81,25 +80,7 @@ class ModelEngine:
         await self.engine.stop()
 
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
-        fitted = await asyncio.to_thread(self._fitted, page)
-        del page
-        text = await self.engine.recognise(fitted, mode, priority)
-        return dataclasses.replace(text, model=self.recipe.name)
-
-    def _fitted(self, page: PageImage) -> PageImage:
-        """The page at the size the model's recipe sends it at (a page file written for
-        the engine is replaced by the resized pixels, and removed)."""
-        width, height = page.image.size
-        size = self.recipe.image.fitted(width, height)
-        if size == (width, height):
-            return page
-        filename = getattr(page.image, "filename", "")
-        resized = page.image.convert("RGB").resize(size)
-        if filename and self.page_folder is not None and Path(filename).parent == self.page_folder:
-            page.image.close()
-            with contextlib.suppress(FileNotFoundError):
-                Path(filename).unlink()
-        return dataclasses.replace(page, image=resized)
+        return await self.engine.recognise(page, mode, priority)
 
 
 class ModelEngines:
@@ -201,7 +182,7 @@ def model_engines(config: EngineConfig, kind: str, build: Build) -> Engine:
     engines = [ModelEngine(r, build(settings, chosen, r)) for r, settings, chosen in planned]
     # ModelEngines' health is its parts', worked out when read: a property, not the
     # attribute the protocol names (nothing outside an engine sets it).
-    return engines[0] if len(engines) == 1 else cast(Engine, ModelEngines(engines))
+    return engines[0].engine if len(engines) == 1 else cast(Engine, ModelEngines(engines))
 
 
 def check_gpu_shares(served: list[tuple[str, EngineConfig]]) -> None:

@@ -8,10 +8,13 @@ these from its model's module (ocrd/models/); none names a model itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from ocrd.config import PromptMode, SamplingConfig
+from ocrd.domain import PageImage
 from ocrd.models import DEFAULT, Model, NgramGuard, Sampling
 from ocrd.models import model as model_named
 
@@ -94,3 +97,20 @@ def stripped(text: str, sampling: Sampling) -> str:
     for token in sampling.strip:
         text = text.replace(token, "")
     return text
+
+
+def fit_page(page: PageImage, model: Model, page_folder: Path | None = None) -> PageImage:
+    """The page at the size the model's recipe sends it at (blocking: call it in a thread).
+    A page file written for the engine into `page_folder` is replaced by the resized pixels
+    and removed."""
+    width, height = page.image.size
+    size = model.image.fitted(width, height)
+    if size == (width, height):
+        return page
+    filename = getattr(page.image, "filename", "")
+    resized = page.image.convert("RGB").resize(size)
+    if filename and page_folder is not None and Path(filename).parent == page_folder:
+        page.image.close()
+        with contextlib.suppress(FileNotFoundError):
+            Path(filename).unlink()
+    return dataclasses.replace(page, image=resized)

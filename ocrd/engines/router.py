@@ -47,6 +47,7 @@ from ocrd.engines.media import PageMedia
 from ocrd.engines.recipes import (
     chat_text,
     default_model,
+    fit_page,
     prompt_for,
     request_options,
     sampling_for,
@@ -121,7 +122,8 @@ class Router:
     @property
     def replicas(self) -> list[ReplicaFacts]:
         checks = self.settings.self_check
-        return [replace(replica.facts, self_checks=checks) for replica in self._replicas]
+        model = self.recipe.name
+        return [replace(r.facts, self_checks=checks, model=model) for r in self._replicas]
 
     def subscribe(self, callback: Callable[[ReplicaFacts], None]) -> None:
         self.supervisor.on_change.append(callback)
@@ -234,13 +236,15 @@ class Router:
         (local replicas) or encoded as PNG (a fleet)."""
         number = page.number
         self.recent_mode = mode
+        page = await asyncio.to_thread(fit_page, page, self.recipe, self.page_folder)
         media = self._own_file(page.image)
         if media is None:
             media = await asyncio.to_thread(self._prepare, page.image)
         del page  # the file or the PNG is all that waits for a replica, not the pixels
         try:
             body = self.request_body(media.url, prompt_for(self.recipe, mode), priority)
-            return await self._route(body, number, priority)
+            text = await self._route(body, number, priority)
+            return replace(text, model=self.recipe.name)  # its parser reads the text
         finally:
             media.release()
 

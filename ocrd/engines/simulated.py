@@ -22,7 +22,7 @@ from PIL import Image
 from ocrd.config import PromptMode, SimulatedConfig
 from ocrd.domain import PageImage, PageText
 from ocrd.engines.base import EngineDeadError, EngineHealth, EngineState, InProcess
-from ocrd.engines.recipes import default_model
+from ocrd.engines.recipes import default_model, fit_page
 from ocrd.engines.simulated_answers import page_answer
 from ocrd.engines.slots import PrioritySlots
 from ocrd.models import Model
@@ -55,6 +55,7 @@ class SimulatedEngine(InProcess):
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         started = time.monotonic()
         self._raise_if_dead()
+        page = await asyncio.to_thread(fit_page, page, self.recipe)  # the model's image size
         # What it needs of the pixels is taken at once, as a real engine turns a page into
         # tensors on arrival: the page's memory is not held while it waits its turn.
         number, (width, height), digest = page.number, page.image.size, fingerprint(page.image)
@@ -78,6 +79,7 @@ class SimulatedEngine(InProcess):
             and number % self.config.unfinished_every == 0
         )
         return PageText(
+            model=self.recipe.name,
             text=page_answer(self.recipe, number, (width, height), digest, mode),
             finish_reason="length" if unfinished else "stop",
             prompt_tokens=257,

@@ -36,6 +36,7 @@ from ocrd.engines.checkpage import draw_check_page
 from ocrd.engines.recipes import (
     IMAGE_PLACEHOLDER,
     default_model,
+    fit_page,
     ngram_args,
     prompt_for,
     sampling_for,
@@ -214,6 +215,7 @@ class VllmEngine(InProcess):
         self._in_flight += 1
         try:
             prompt = await self.prompt_text(prompt_for(self.recipe, mode))
+            page = await asyncio.to_thread(fit_page, page, self.recipe)
             text = await self.generate(page.image, prompt, self._params, page.number, priority)
         except EngineError:
             self._failed += 1
@@ -221,7 +223,7 @@ class VllmEngine(InProcess):
         finally:
             self._in_flight -= 1
         self._done += 1
-        return text
+        return dataclasses.replace(text, model=self.recipe.name)  # its parser reads the text
 
     async def generate(
         self,
