@@ -26,7 +26,7 @@ from harness import CORPUS
 from olmocr_scorer import check
 
 from ocrd.config import DocumentOptions, PipelineConfig, RapidOcrConfig
-from ocrd.documents.pipeline import Pipeline
+from ocrd.documents.pipeline import DocumentContext, Pipeline
 from ocrd.engines.rapidocr import RapidOcrEngine
 from ocrd.output.write import render_markdown
 
@@ -56,7 +56,9 @@ async def convert_all(
     started = time.monotonic()
     try:
         for pdf in pdfs:
-            result = await pipeline.convert(BENCH / "pdfs" / pdf, settings, scratch / pdf)
+            result = await pipeline.convert(
+                DocumentContext.of(BENCH / "pdfs" / pdf, settings, scratch / pdf)
+            )
             markdown[pdf] = render_markdown(result, settings, "assets")
             pages += len(result.pages)
     finally:

@@ -30,7 +30,12 @@ from PIL import Image
 from ocrd.config import PromptMode
 from ocrd.domain import InputFormat, PageInfo, PageResult, PageText
 from ocrd.output.page import assemble_page
-from ocrd.output.searchable import SearchablePdfError, SearchablePdfResult, write_searchable_pdf
+from ocrd.output.searchable import (
+    PdfSettings,
+    SearchablePdfError,
+    SearchablePdfResult,
+    write_searchable_pdf,
+)
 from ocrd.render import RenderError, detect_format
 
 DPI = 144
@@ -129,7 +134,7 @@ class Writer:
         order = [(0, n) for n in range(1, len(self.pages) + 1)]
         try:
             self.result = write_searchable_pdf(
-                [(self.path, self.fmt)], order, self.pages, self.target, archive=self.archive
+                [(self.path, self.fmt)], order, self.pages, self.target, PdfSettings(self.archive)
             )
         except SearchablePdfError:
             self.result = None

@@ -1,8 +1,5 @@
 """ocrd: a watched-folder OCR daemon."""
 
-from importlib.metadata import PackageNotFoundError, version
+from ocrd.version import __version__
 
-try:
-    __version__ = version("inbox-ocrd")
-except PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0.0.0+source"
+__all__ = ["__version__"]

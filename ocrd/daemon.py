@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ocrd import __version__
 from ocrd.config import Config, checks
-from ocrd.documents.dispatch import Admission, Dispatcher
+from ocrd.documents.dispatch import Admission, DocumentDispatcher
 from ocrd.documents.document import DocumentRunner
 from ocrd.documents.pipeline import Pipeline
 from ocrd.engines import (
@@ -39,10 +39,10 @@ from ocrd.notify import SystemdNotifier
 from ocrd.output.hooks import Hooks
 from ocrd.service import Service
 from ocrd.sharing.instances import InstanceNameError, Instances, Stopped, instance_name
-from ocrd.sharing.leases import LeaseConflict
+from ocrd.sharing.leases import LeaseConflict, TakenOver
 from ocrd.signals import EarlySignals
 from ocrd.status import StatusReport
-from ocrd.supervise import Supervisor
+from ocrd.supervise import HealthWatch
 from ocrd.uploads.uploads import Uploads
 from ocrd.web.activity import Activity
 from ocrd.web.documents import Documents
@@ -73,14 +73,16 @@ class Daemon:
         self.log = get_logger()
         self.notifier = SystemdNotifier()
         self.activity = Activity()
-        self.supervisor = Supervisor(self.notifier, lambda _: self.fail())
-        self.metrics = Metrics(lambda: self.report())
+        self.health_watch = HealthWatch(self.notifier, lambda _: self.fail())
+        self.metrics = Metrics(lambda: self.report(), self.replica_metrics)
         self.hooks = Hooks(lambda *labels: self.metrics.hooks.labels(*labels).inc())
         self.report: Callable[[], StatusReport] = lambda: StatusReport.loading(__version__)
         self.uploads = Uploads(config)  # taken from the start, while the engine loads
         self.documents = Documents(config)
         self.stopping = asyncio.Event()
         self.instances: Instances  # made in `run`, where a bad instance name can exit 78
+        self.engine: Engine | None = None  # once started
+        self.serving: Service | None = None  # once every part runs
         self.exit_code = EXIT_OK
         self._reload_early = False  # a SIGHUP that came before serving started
         self._reload: Callable[[], None] = self._reload_once_serving
@@ -95,12 +97,10 @@ class Daemon:
         for warning in checks.folder_warnings(self.config):
             self.log.warning("startup.warning", reason=warning)
         try:
-            self.instances = Instances(instance_name(), self.config.instances)
+            self.instances = Instances(instance_name(), self.config.instances, self)
         except InstanceNameError as error:
             self.log.error("startup.refused", reason=str(error))
             return EXIT_CONFIG
-        self.instances.on_conflict = self.conflict
-        self.instances.on_fatal = lambda _: self.fail()
         try:
             async with contextlib.AsyncExitStack() as parts:
                 web = await parts.enter_async_context(self.web_server())
@@ -109,7 +109,7 @@ class Daemon:
                 engine = await parts.enter_async_context(self.started_engine())
                 pipeline = await parts.enter_async_context(self.started_pipeline(engine))
                 parts.push_async_callback(self.hooks.stop)
-                service = await self.service(engine, pipeline, web)
+                service = await self.started_service(engine, pipeline, web)
                 parts.push_async_callback(service.drain)
                 self.notifier.ready(service.status_line())
                 self.log.info(
@@ -136,7 +136,7 @@ class Daemon:
         self.log.info(
             "daemon.stopped",
             exit_code=self.exit_code,
-            loop_lag_worst_ms=round(self.supervisor.pulse.worst * 1000, 1),
+            loop_lag_worst_ms=round(self.health_watch.pulse.worst * 1000, 1),
         )
         return self.exit_code
 
@@ -147,7 +147,7 @@ class Daemon:
         web = WebServer(
             self.config.http,
             lambda: self.report(),
-            self.supervisor.pulse.liveness,
+            self.health_watch.pulse.liveness,
             self.metrics,
             self.uploads,
             self.documents,
@@ -181,9 +181,10 @@ class Daemon:
         except ValueError as error:  # e.g. engine.vllm.gpus names a GPU that is not there
             raise StartRefused(str(error)) from None
         try:
-            async with self.supervisor.loading(engine, choice.kind):
+            async with self.health_watch.loading(engine, choice.kind):
                 await engine.start()
-            self.supervisor.watch(engine)
+            self.health_watch.watch(engine)
+            self.engine = engine
             yield engine
         finally:
             await engine.stop()
@@ -191,40 +192,51 @@ class Daemon:
     @contextlib.asynccontextmanager
     async def started_pipeline(self, engine: Engine) -> AsyncIterator[Pipeline]:
         side = max(inbox.max_image_side for inbox in self.config.inboxes)
-        pipeline = Pipeline.create(engine, self.config.pipeline, side)
-        pipeline.on_page_done += [self.activity.page_done, self.metrics.page_done]
+        page_done = (self.activity.page_done, self.metrics.page_done)
+        pipeline = Pipeline.create(engine, self.config.pipeline, side, page_done)
         try:
             await pipeline.renderers.warm_up()
             yield pipeline
         finally:
             pipeline.renderers.shutdown()
 
-    async def service(self, engine: Engine, pipeline: Pipeline, web: WebServer) -> Service:
+    async def started_service(self, engine: Engine, pipeline: Pipeline, web: WebServer) -> Service:
         """Documents, intake and dispatch wired together; the inboxes watched."""
-        runner = DocumentRunner(pipeline)
-        runner.on_finished += [
-            lambda _, summary: self.activity.document_finished(summary),
-            lambda _, summary: self.metrics.document_finished(summary),
-            self.hooks.document_finished,
-        ]
-        intake = Intake(self.instances)
-        dispatcher = Dispatcher(intake, runner, Admission(1), self.document_crashed)
-        service = Service(
-            self.config,
-            self.config_path,
-            engine,
+        runner = DocumentRunner(
             pipeline,
-            runner,
-            intake,
-            dispatcher,
-            self.supervisor,
-            self.activity,
-            self.notifier,
-            web,
-            self.stopping,
-            self.instances,
+            on_finished=[
+                lambda _, summary: self.activity.document_finished(summary),
+                lambda _, summary: self.metrics.document_finished(summary),
+                self.hooks.document_finished,
+                self.documents.document_finished,
+            ],
+            on_storage_fault=[self.metrics.storage_fault, self.report_status],
         )
-        runner.on_storage_fault += [self.metrics.storage_fault, service.report_status]
+        intake = Intake(self.instances)
+        dispatcher = DocumentDispatcher(
+            intake,
+            runner,
+            Admission(1),
+            self.document_crashed,
+            lambda inbox: self.instances.shared(inbox.config.work),
+            self.stopping,
+        )
+        service = Service(
+            config=self.config,
+            config_path=self.config_path,
+            engine=engine,
+            pipeline=pipeline,
+            runner=runner,
+            intake=intake,
+            dispatcher=dispatcher,
+            health_watch=self.health_watch,
+            activity=self.activity,
+            notifier=self.notifier,
+            web=web,
+            stopping=self.stopping,
+            instances=self.instances,
+        )
+        self.serving = service
         self.documents.follow(runner)
         for config in self.config.inboxes:
             _, recovered = await intake.add(config)
@@ -232,11 +244,47 @@ class Daemon:
         self.report = service.status_report
         engine.subscribe(lambda _: service.report_status())  # a replica went down or came back
         engine.subscribe(lambda _: service.follow_engine_capacity())  # a fleet grew or shrank
-        self.metrics.replica_metrics = engine.metrics_text
         self._reload = service.request_reload
         if self._reload_early:
             service.request_reload()
         return service
+
+    # --- what the parts made first report to the daemon ----------------------------------
+
+    def report_status(self, *_: object) -> None:
+        """The status told to systemd anew (a storage fault), once the service runs."""
+        if self.serving is not None:
+            self.serving.report_status()
+
+    async def replica_metrics(self) -> str:
+        """The engine's replicas' own metrics, once the engine runs."""
+        return await self.engine.metrics_text() if self.engine is not None else ""
+
+    # --- several daemons on one inbox (instances.LeaseListener) ---------------------------
+    # Until the service runs, no document runs and every work area is served.
+
+    def serves(self, work: Path) -> bool:
+        return self.serving.serves(work) if self.serving is not None else True
+
+    async def lease_lost(self, work: Path, reason: str) -> list[str]:
+        return await self.serving.lease_lost(work, reason) if self.serving is not None else []
+
+    async def lease_regained(self, work: Path) -> None:
+        if self.serving is not None:
+            await self.serving.lease_regained(work)
+
+    async def claims_taken_over(self, work: Path, taken: TakenOver) -> None:
+        if self.serving is not None:
+            await self.serving.claims_taken_over(work, taken)
+
+    def lease_conflict(self, error: LeaseConflict) -> None:
+        """Another daemon runs under this instance's name: end with 78 (not restarted)."""
+        self.log.error("instance.conflict", reason=str(error), action="stopping")
+        self.exit_code = EXIT_CONFIG
+        self.stopping.set()
+
+    def lease_failed(self, error: BaseException) -> None:
+        self.fail()
 
     # --- signals and failures ------------------------------------------------------------
 
@@ -272,17 +320,11 @@ class Daemon:
         self.exit_code = EXIT_FATAL
         self.stopping.set()
 
-    def conflict(self, error: LeaseConflict) -> None:
-        """Another daemon runs under this instance's name: end with 78 (not restarted)."""
-        self.log.error("instance.conflict", reason=str(error), action="stopping")
-        self.exit_code = EXIT_CONFIG
-        self.stopping.set()
-
     def document_crashed(self, error: BaseException) -> None:
         """A document's task ended with an exception: a dead engine, or a bug that escaped
         the document's state machine. Either way a clean restart is the way on."""
         if isinstance(error, EngineDeadError):
-            self.supervisor.dead(error)
+            self.health_watch.dead(error)
             return
         self.log.error(
             "document.crashed",

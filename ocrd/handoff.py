@@ -22,7 +22,7 @@ K = TypeVar("K")  # what a waiter is ranked by
 
 
 @dataclass(eq=False)
-class _Waiter(Generic[T, K]):
+class _Receiver(Generic[T, K]):
     key: K
     order: int
     future: asyncio.Future[T] = field(repr=False)
@@ -42,7 +42,7 @@ class WaitingLine(Generic[T, K]):
         before it woke; `rank(key)` orders the waiters (lowest first)."""
         self._pass_on = pass_on
         self._rank = rank
-        self._waiters: list[_Waiter[T, K]] = []
+        self._waiters: list[_Receiver[T, K]] = []
         self._order = itertools.count()
 
     def __len__(self) -> int:
@@ -53,7 +53,7 @@ class WaitingLine(Generic[T, K]):
 
     async def wait(self, key: K) -> T:
         """Wait in line until something is handed over."""
-        waiter: _Waiter[T, K] = _Waiter(
+        waiter: _Receiver[T, K] = _Receiver(
             key, next(self._order), asyncio.get_running_loop().create_future()
         )
         self._waiters.append(waiter)

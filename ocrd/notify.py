@@ -24,6 +24,8 @@ from pathlib import Path
 
 import sdnotify
 
+from ocrd.processes import alive
+
 RELOAD_RECORD = "reload.json"
 POLL_SECONDS = 0.1
 
@@ -120,7 +122,7 @@ def reload_and_wait(pid: int, record: Path, timeout: float) -> ReloadRecord:
         done = _read_record(record)
         if done is not None and done.pid == pid and done.started_usec >= asked:
             return done
-        if not _alive(pid):
+        if not alive(pid):
             raise ReloadNotConfirmed(f"ocrd (process {pid}) ended before it reloaded")
         time.sleep(POLL_SECONDS)
     raise ReloadNotConfirmed(
@@ -135,12 +137,4 @@ def _read_record(path: Path) -> ReloadRecord | None:
     except (OSError, ValueError, TypeError):
         return None
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True

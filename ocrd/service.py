@@ -1,7 +1,7 @@
 """Serving: the main loop, once every part runs.
 
 Each tick delegates: intake collects the files that became ready, the dispatcher claims
-and starts documents while there is room and the engine takes pages, the supervisor
+and starts documents while there is room and the engine takes pages, the health_watch
 watches the engine; at their intervals the inboxes are rescanned, the status reported and
 systemd's watchdog pinged (from this loop only, so a stuck loop stops the pings). SIGHUP
 asks for a reload, which the next tick applies. The status report is put together from
@@ -27,7 +27,7 @@ from ocrd import __version__
 from ocrd.config import Config, ConfigError, checks, load_config
 from ocrd.config.reload import plan_reload
 from ocrd.config.strict import strict_mode_problems
-from ocrd.documents.dispatch import Dispatcher
+from ocrd.documents.dispatch import DocumentDispatcher
 from ocrd.documents.document import DocumentRunner
 from ocrd.documents.pipeline import Pipeline
 from ocrd.engines import Engine, EngineState, ReplicaFacts
@@ -43,23 +43,26 @@ from ocrd.status import (
     ReplicaStatus,
     StatusReport,
 )
-from ocrd.supervise import HEALTH_CHECK_SECONDS, Supervisor
+from ocrd.supervise import HEALTH_CHECK_SECONDS, HealthWatch
 from ocrd.web.activity import Activity
 from ocrd.web.server import WebServer
 
 TICK_SECONDS = 0.1
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Service:
+    """The parts it serves with, each passed by name; every part was given its listeners
+    when it was made (`ocrd/daemon.py`)."""
+
     config: Config
     config_path: Path | None  # re-read on SIGHUP
     engine: Engine
     pipeline: Pipeline
     runner: DocumentRunner
     intake: Intake
-    dispatcher: Dispatcher
-    supervisor: Supervisor
+    dispatcher: DocumentDispatcher
+    health_watch: HealthWatch
     activity: Activity
     notifier: SystemdNotifier
     web: WebServer
@@ -70,10 +73,6 @@ class Service:
         self.log = get_logger()
         self.reload_requested = False
         self.apply_pipeline_settings()
-        self.instances.listener = self
-        self.instances.serves = lambda work: bool(self.intake.on_work(work))
-        self.dispatcher.shared = lambda inbox: self.instances.shared(inbox.config.work)
-        self.dispatcher.stopping = self.stopping  # claiming ends the moment it is set
 
     # --- the main loop -------------------------------------------------------------------
 
@@ -85,7 +84,7 @@ class Service:
             before = loop.time()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), TICK_SECONDS)
-            self.supervisor.pulse.tick(max(0.0, loop.time() - before - TICK_SECONDS))
+            self.health_watch.pulse.tick(max(0.0, loop.time() - before - TICK_SECONDS))
             if self.stopping.is_set():
                 break
             await self.tick(tick)
@@ -96,7 +95,7 @@ class Service:
         A stop asked for meanwhile ends it after the step under way (claiming ends at once:
         the dispatcher looks before each claim)."""
         self.dispatcher.add(await self.intake.collect())
-        if self.supervisor.watch(self.engine):
+        if self.health_watch.watch(self.engine):
             self.report_status()
         if self.engine.health.state is EngineState.ready:
             await self.dispatcher.dispatch()
@@ -111,8 +110,8 @@ class Service:
         if _due(tick, pipeline.status_interval_seconds):
             self.report_status()
         if _due(tick, HEALTH_CHECK_SECONDS):
-            await self.supervisor.check(self.engine)
-        self.supervisor.ping_watchdog()
+            await self.health_watch.check(self.engine)
+        self.health_watch.ping_watchdog()
 
     async def drain(self) -> None:
         """No new files; in-flight documents get the grace period, the rest stay claimed."""
@@ -120,7 +119,11 @@ class Service:
         await self.intake.stop()
         await self.dispatcher.drain(self.config.pipeline.shutdown_grace_seconds)
 
-    # --- several daemons on one inbox (instances.LeaseListener) ---------------------------
+    # --- several daemons on one inbox (the daemon's instances.LeaseListener) -------------
+
+    def serves(self, work: Path) -> bool:
+        """Whether an inbox served now has its work area in `work`."""
+        return bool(self.intake.on_work(work))
 
     async def lease_lost(self, work: Path, reason: str) -> list[str]:
         return await self.dispatcher.give_up(work)
@@ -202,22 +205,21 @@ class Service:
         """The pipeline settings that take effect while running (see ocrd/config/reload.py)."""
         settings = self.config.pipeline
         self.follow_engine_capacity()
-        self.pipeline.page_retries = settings.page_retries
-        self.pipeline.retry_backoff_seconds = settings.page_retry_backoff_seconds
+        self.pipeline.retry_pages(settings.page_retries, settings.page_retry_backoff_seconds)
 
     def follow_engine_capacity(self) -> None:
         """Size the page budget and admission by the engine's capacity now: a fleet behind
         a router grows and shrinks while ocrd runs."""
         settings = self.config.pipeline
         capacity = self.engine.max_concurrency
-        self.dispatcher.admission.limit = settings.documents_in_flight_for(capacity)
+        self.dispatcher.admission.resize(settings.documents_in_flight_for(capacity))
         self.pipeline.budget.resize(settings.pages_in_flight_for(capacity))
 
     # --- reporting -----------------------------------------------------------------------
 
     def problems(self) -> list[str]:
         """What keeps ocrd from being ready; empty when all is well."""
-        problems = self.supervisor.problems(self.engine)
+        problems = self.health_watch.problems(self.engine)
         if self.runner.storage.fault:
             problems.append(f"STORAGE FAULT, retrying: {self.runner.storage.fault}")
         problems += self.intake.problems()
@@ -259,7 +261,7 @@ class Service:
             waiting=self.intake.waiting_count() + len(self.dispatcher.jobs),
             documents_in_flight=self.dispatcher.running,
             pages_in_flight=self.pipeline.pages_in_flight,
-            loop_lag_worst_ms=round(self.supervisor.pulse.take_report() * 1000, 1),
+            loop_lag_worst_ms=round(self.health_watch.pulse.take_report() * 1000, 1),
         )
 
     def status_report(self) -> StatusReport:

@@ -1,7 +1,7 @@
 """Supervision: the engine's health, systemd's watchdog and start timeout, and the main
 loop's own pulse.
 
-The engine says what state it is in; the supervisor logs each change (an unreachable
+The engine says what state it is in; the health_watch logs each change (an unreachable
 fleet, and when it answers again), checks now and then that an in-process engine is still
 alive (a dead one ends the daemon with exit status 70, for systemd to restart it), pings
 systemd's watchdog from the main loop only (a stuck loop stops the pings), and while a
@@ -57,7 +57,7 @@ class LoopPulse:
         return Liveness(since < STUCK_AFTER_SECONDS, since)
 
 
-class Supervisor:
+class HealthWatch:
     def __init__(self, notifier: SystemdNotifier, engine_died: Callable[[str], None]) -> None:
         """`engine_died(reason)` ends the daemon (exit status 70)."""
         self.notifier = notifier

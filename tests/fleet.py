@@ -68,6 +68,7 @@ class StandInFleetServer:
         self._server: ThreadingHTTPServer | None = None
         self._generation = 0
         self._lock = threading.Lock()
+        self._reader: Any = None  # a CheckReader, made at the first page
 
     @property
     def url(self) -> str:
@@ -97,13 +98,14 @@ class StandInFleetServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if not fleet._authorised(self):
                     return self._json(401, {"error": "invalid api key"})
-                test_page = _is_test_page(body)
+                test_text = fleet._test_page_text(body)
+                test_page = test_text is not None
                 with fleet._lock:
                     fleet.posts.append((dict(self.headers.items()), body, test_page))
-                if test_page:
+                if test_text is not None:
                     with fleet._lock:
                         fleet.self_checks += 1
-                    return self._json(200, fleet._self_check_answer())
+                    return self._json(200, fleet._self_check_answer(test_text))
                 if fleet.crash_on_marked_pages and _marked(body):
                     with fleet._lock:
                         fleet.crashes += 1
@@ -149,10 +151,17 @@ class StandInFleetServer:
         time.sleep(1.0)  # down long enough for ocrd's probe to find it gone
         self.start()
 
-    def _self_check_answer(self) -> dict[str, Any]:
-        from ocrd.engines.selfcheck import expected_text
+    def _test_page_text(self, body: dict[str, Any]) -> str | None:
+        """The text of ocrd's test page if the page sent is one (read by its pixels)."""
+        from ocrd.engines.simulated_server import CheckReader
 
-        text = "l l l l ,,,, 0 0 0 ::" * 20 if self.garbled else expected_text()
+        with self._lock:
+            if self._reader is None:
+                self._reader = CheckReader()
+        return self._reader.read(_image(body))
+
+    def _self_check_answer(self, test_text: str) -> dict[str, Any]:
+        text = "l l l l ,,,, 0 0 0 ::" * 20 if self.garbled else test_text
         return {
             "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 257, "completion_tokens": 120},
@@ -192,14 +201,6 @@ def _marked(body: dict[str, Any]) -> bool:
     from ocrd.engines.simulated_server import marked
 
     return marked(_image(body))
-
-
-def _is_test_page(body: dict[str, Any]) -> bool:
-    """Whether the page sent is ocrd's test page: its pixels are selfcheck.check_page()'s."""
-    from ocrd.engines.selfcheck import check_page
-
-    image, test = _image(body).convert("RGB"), check_page()
-    return image.size == test.size and image.tobytes() == test.tobytes()
 
 
 class StandInRouter:

@@ -83,6 +83,7 @@ class Worker:
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self._watching = False
+        self.extra: list[str] = []  # more of simulated_server's options
 
     @property
     def url(self) -> str:
@@ -117,6 +118,7 @@ class Worker:
             argv.append("--exit-on-marked-pages")
         if self.refuse_page_once:
             argv += ["--refuse-page-once", str(self.refuse_page_once)]
+        argv += self.extra
         env = {k: v for k, v in os.environ.items() if k != "OCRD_REPLICA_API_KEY"}
         self.process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
         wait_serving(self.url, self.process, f"simulated worker {self.number}")

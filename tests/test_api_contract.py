@@ -228,3 +228,20 @@ def test_malformed_requests_schemathesis_found_are_refused_with_a_reason(
     assert 400 <= answer.status_code < 500, answer.text
     reason = answer.json()
     assert reason.get("detail") or reason.get("error"), reason
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {**AUTHORISED, "X-Api-Key": "wrong"},
+        {"Authorization": "Bearer wrong", "X-Api-Key": TOKEN},
+    ],
+    ids=["good-bearer-wrong-api-key", "wrong-bearer-good-api-key"],
+)
+def test_a_request_carrying_a_wrong_token_beside_the_right_one_is_refused(
+    served: Served, headers: dict[str, str]
+) -> None:
+    """Schemathesis found a wrong X-Api-Key accepted beside a right bearer token: every
+    token a request carries must be the right one."""
+    answer = httpx.get(f"{served.url}/api/documents/{served.document}", headers=headers)
+    assert answer.status_code == 401, answer.text

@@ -25,7 +25,7 @@ from ocrd.domain import Figure, PageInfo, PageText
 from ocrd.output.chunks import chunk_records
 from ocrd.output.docling import build_document
 from ocrd.output.page import assemble_page
-from ocrd.text.elements import Kind, elements
+from ocrd.text.elements import ElementKind, elements
 from ocrd.text.tables import html_grid
 
 LISTS = """<|ref|>sub_title<|/ref|><|det|>[[62, 740, 600, 760]]<|/det|>
@@ -123,15 +123,15 @@ def test_markdown_elements_of_a_text_layer_page() -> None:
         "# Title\n\nSome **bold** text\ncontinues.\n\n1. first\n2. second\n\n"
         "| a | b |\n|---|---|\n| 1 | 2 |\n\n$$\nx^2\n$$\n\n> 1 2021 estimate\n"
     )
-    assert [(e.kind, e.text) for e in found if e.kind is not Kind.table] == [
-        (Kind.heading, "Title"),
-        (Kind.paragraph, "Some bold text continues."),
-        (Kind.list_item, "first"),
-        (Kind.list_item, "second"),
-        (Kind.formula, "x^2"),
-        (Kind.paragraph, "1 2021 estimate"),
+    assert [(e.kind, e.text) for e in found if e.kind is not ElementKind.table] == [
+        (ElementKind.heading, "Title"),
+        (ElementKind.paragraph, "Some bold text continues."),
+        (ElementKind.list_item, "first"),
+        (ElementKind.list_item, "second"),
+        (ElementKind.formula, "x^2"),
+        (ElementKind.paragraph, "1 2021 estimate"),
     ]
-    [table] = [e for e in found if e.kind is Kind.table]
+    [table] = [e for e in found if e.kind is ElementKind.table]
     assert table.grid is not None and [c.text for c in table.grid.cells] == ["a", "b", "1", "2"]
 
 

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from ocrd.config import DocumentOptions, PipelineConfig, RapidOcrConfig, SimulatedConfig
-from ocrd.documents.pipeline import Pipeline
+from ocrd.documents.pipeline import DocumentContext, Pipeline
 from ocrd.domain import DocumentFailed, DocumentResult, PageSource
 from ocrd.engines.rapidocr import RapidOcrEngine
 from ocrd.engines.simulated import SimulatedEngine
@@ -40,7 +40,10 @@ def convert(engine, paths: list[Path], settings: DocumentOptions, scratch: Path)
         pipeline = Pipeline.create(engine, PipelineConfig(render_workers=2))
         try:
             return await asyncio.gather(
-                *(pipeline.convert(p, settings, scratch / p.stem) for p in paths),
+                *(
+                    pipeline.convert(DocumentContext.of(p, settings, scratch / p.stem))
+                    for p in paths
+                ),
                 return_exceptions=True,
             )
         finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 from helpers import make_pdf
 
 from ocrd.config import DocumentOptions, PipelineConfig, PromptMode, SimulatedConfig
-from ocrd.documents.pipeline import Pipeline
+from ocrd.documents.pipeline import DocumentContext, Pipeline
 from ocrd.domain import DocumentFailed, PageImage, PageText
 from ocrd.engines.base import EngineError
 from ocrd.engines.simulated import SimulatedEngine
@@ -64,7 +64,10 @@ def run_pipeline(engine, paths, max_pages_in_flight=64, render_workers=2):
         pipeline = Pipeline.create(engine, config)
         try:
             results = await asyncio.gather(
-                *(pipeline.convert(p, DocumentOptions(), scratch / p.stem) for p in paths),
+                *(
+                    pipeline.convert(DocumentContext.of(p, DocumentOptions(), scratch / p.stem))
+                    for p in paths
+                ),
                 return_exceptions=True,
             )
         finally:
@@ -172,14 +175,21 @@ def test_failing_pages_give_back_every_slot_and_renderer(tmp_path: Path) -> None
         try:
             async with within(120, "100 failing documents (page slots leaked?)"):
                 results = await asyncio.gather(
-                    *(refusing.convert(p, DocumentOptions(), tmp_path / p.stem) for p in pdfs),
+                    *(
+                        refusing.convert(
+                            DocumentContext.of(p, DocumentOptions(), tmp_path / p.stem)
+                        )
+                        for p in pdfs
+                    ),
                     return_exceptions=True,
                 )
             assert refusing.budget.in_flight == 0 and refusing.budget.waiting == 0
             assert refusing.renderers.busy == 0
             refusing.engine = RecordingEngine()  # the engine is fixed; the same pipeline goes on
             async with within(60, "a good document after the failures"):
-                result = await refusing.convert(good, DocumentOptions(), tmp_path / "good")
+                result = await refusing.convert(
+                    DocumentContext.of(good, DocumentOptions(), tmp_path / "good")
+                )
             return results, result, refusing.budget.in_flight
         finally:
             refusing.renderers.shutdown()
@@ -202,7 +212,9 @@ def test_documents_cancelled_at_any_moment_give_back_every_slot(tmp_path: Path) 
             for _ in range(5):
                 tasks = [
                     asyncio.create_task(
-                        pipeline.convert(p, DocumentOptions(), tmp_path / f"{p.stem}-{i}")
+                        pipeline.convert(
+                            DocumentContext.of(p, DocumentOptions(), tmp_path / f"{p.stem}-{i}")
+                        )
                     )
                     for i, p in enumerate(pdfs)
                 ]
@@ -213,7 +225,9 @@ def test_documents_cancelled_at_any_moment_give_back_every_slot(tmp_path: Path) 
                     await asyncio.gather(*tasks, return_exceptions=True)
                 assert pipeline.budget.in_flight == 0, "page slots leaked"
                 assert pipeline.renderers.busy == 0, "a renderer was lost"
-            result = await pipeline.convert(pdfs[0], DocumentOptions(), tmp_path / "last")
+            result = await pipeline.convert(
+                DocumentContext.of(pdfs[0], DocumentOptions(), tmp_path / "last")
+            )
             assert len(result.pages) == 8
         finally:
             pipeline.renderers.shutdown()

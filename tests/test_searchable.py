@@ -28,7 +28,7 @@ from PIL import Image
 from separator_sheets import Sheet, stack_pdf
 
 from ocrd.config import DocumentOptions, PipelineConfig, PromptMode, RapidOcrConfig
-from ocrd.documents.pipeline import Pipeline
+from ocrd.documents.pipeline import DocumentContext, Pipeline
 from ocrd.documents.sources import SourceKind, Sources, page_files, page_order
 from ocrd.domain import (
     InputFormat,
@@ -40,6 +40,7 @@ from ocrd.domain import (
 from ocrd.engines.rapidocr import RapidOcrEngine
 from ocrd.output.page import assemble_page
 from ocrd.output.searchable import (
+    PdfSettings,
     SearchablePdfError,
     SearchablePdfResult,
     image_pdf,
@@ -202,7 +203,9 @@ def page_counts(files: Sequence[tuple[Path, InputFormat]]) -> list[int]:
 def write_pdf(sources: Sources, pages: list[PageResult], target: Path, **options: Any) -> Converted:
     files, _ = page_files(sources)
     order = page_order(page_counts(files), sources.kind is SourceKind.duplex)
-    result = write_searchable_pdf(files, order, pages, target, passwords=[PASSWORD], **options)
+    result = write_searchable_pdf(
+        files, order, pages, target, PdfSettings(passwords=[PASSWORD], **options)
+    )
     return Converted(files, order, pages, target, result)
 
 
@@ -317,7 +320,9 @@ async def _recognise(jobs: Jobs) -> dict[str, list[PageResult]]:
 
         async def one(sources: Sources, settings: DocumentOptions) -> list[PageResult]:
             with tempfile.TemporaryDirectory() as scratch:
-                return (await pipeline.convert(sources, settings, Path(scratch))).pages
+                return (
+                    await pipeline.convert(DocumentContext.of(sources, settings, Path(scratch)))
+                ).pages
 
         results = await asyncio.gather(*(one(*job) for job in jobs.values()))
         return dict(zip(jobs, results, strict=True))
@@ -653,7 +658,7 @@ def test_each_part_of_a_split_pdf_is_made_of_its_own_pages(
             [(0, n) for n in part],
             [pages[n - 1] for n in part],
             target,
-            archive=archive,
+            PdfSettings(archive=archive),
         )
         assert result.pages == 2 and result.layered_pages == [1, 2] and not result.incremental
         assert pdf_problems(target) == []
@@ -749,7 +754,7 @@ def test_a_damaged_encrypted_pdf_is_rewritten_and_stays_encrypted(
     target = tmp_path / "out.pdf"
     order = [(0, n) for n in range(1, len(pages) + 1)]
     result = write_searchable_pdf(
-        [(source, InputFormat.pdf)], order, pages, target, passwords=[PASSWORD]
+        [(source, InputFormat.pdf)], order, pages, target, PdfSettings(passwords=[PASSWORD])
     )
     assert not result.incremental and pdf_problems(target, user_password) == []
     before, after = pymupdf.open(tmp_path / "sound.pdf"), pymupdf.open(target)
@@ -932,7 +937,9 @@ def test_a_pdf_that_cannot_be_pdfa_is_refused_with_the_reasons_and_leaves_no_fil
     )
     target = tmp_path / "a.pdf"
     with pytest.raises(SearchablePdfError, match="cannot be made PDF/A-2b") as raised:
-        write_searchable_pdf([(source, InputFormat.pdf)], [(0, 1)], [page], target, archive=True)
+        write_searchable_pdf(
+            [(source, InputFormat.pdf)], [(0, 1)], [page], target, PdfSettings(archive=True)
+        )
     assert any("appearance" in finding for finding in raised.value.findings)
     assert not target.exists()
     assert not list(tmp_path.iterdir())  # no temporary left behind
@@ -948,7 +955,7 @@ def test_pdfa_keeps_jpeg_bytes_of_an_image_input(corpus: Path, tmp_path: Path) -
         [jpeg], ["<|ref|>text<|/ref|><|det|>[[60, 60, 400, 100]]<|/det|>\nBAIONA"]
     )
     result = write_searchable_pdf(
-        [(jpeg, InputFormat.jpeg)], [(0, 1)], [page], tmp_path / "a.pdf", archive=True
+        [(jpeg, InputFormat.jpeg)], [(0, 1)], [page], tmp_path / "a.pdf", PdfSettings(archive=True)
     )
     assert result.archive == "pikepdf"
     assert_pdfa_2b(tmp_path / "a.pdf")

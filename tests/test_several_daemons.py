@@ -24,6 +24,7 @@ from helpers import make_pdf
 from mounts import network_share
 from test_http import base_url, metric
 
+from ocrd.sharing.instances import TAKEOVER_GRACE_SECONDS
 from ocrd.status import StatusReport
 from ocrd.web.client import format_status
 
@@ -34,6 +35,38 @@ from kill_loop import shared_kill_loop
 pytestmark = pytest.mark.slow
 
 LEASE = 3.0  # seconds: a daemon that died is taken over within a few seconds
+SETTLE = 0.2  # settle_seconds of the shared inbox
+RESCAN = 1.0  # pipeline.rescan_interval_seconds
+IN_FLIGHT = 4  # pipeline.max_documents_in_flight
+# Every wait below is a step's time by the settings above, times this: CI ran these tests
+# on 2 cores at a load of 9 to 13. A wait only bounds a failing test; passing ones go on
+# the moment the event comes.
+PATIENCE = 20
+# What no setting bounds: an `ocrd run` starting (Python, its imports, the simulated
+# engine) and taking its lease, on such a loaded machine.
+STARTING = 120.0
+
+
+def patient(seconds: float) -> float:
+    """How long to wait for a step the settings say takes `seconds`."""
+    return PATIENCE * seconds
+
+
+def claiming(lease: float = LEASE) -> float:
+    """From a file dropped (or a daemon ready) to its document started: settled, found by
+    the watcher or at the latest by a rescan, claimed under a lease renewed in time."""
+    return patient(SETTLE + RESCAN + lease)
+
+
+def converting(documents: int, pages: int, seconds_per_page: float) -> float:
+    """Every document of a batch settled, counted as if pages went one at a time."""
+    return patient(documents * (pages * seconds_per_page + SETTLE) + RESCAN)
+
+
+def taking_over(lease: float = LEASE) -> float:
+    """A dead daemon's lease expired (a lease after its last renewal) and seen by another
+    at its next renewal (a ninth of a lease later)."""
+    return patient(lease + lease / 9)
 
 
 def shared_config(
@@ -42,9 +75,9 @@ def shared_config(
     """One inbox for several daemons (the same file for all, as on several hosts)."""
     return write_config(
         folder,
-        {"settle_seconds": 0.2, **inbox},
+        {"settle_seconds": SETTLE, **inbox},
         engine={"kind": "simulated", "simulated": {"seconds_per_page": seconds_per_page}},
-        pipeline={"max_documents_in_flight": 4, "rescan_interval_seconds": 1},
+        pipeline={"max_documents_in_flight": IN_FLIGHT, "rescan_interval_seconds": RESCAN},
         instances={"lease_seconds": lease},
     )
 
@@ -89,6 +122,23 @@ def snapshot(*folders: Path) -> dict[str, tuple[int, int, str]]:
     return found
 
 
+def claims_holding_originals(folder: Path) -> set[str]:
+    """The claims in an instance's folder that a restart recovers: those that hold their
+    original. A daemon killed between making a claim folder and renaming the file into it
+    leaves an empty folder, which its restart removes (the file is still in the inbox)."""
+    return {
+        claim.name
+        for claim in folder.iterdir()
+        if not claim.name.startswith(".")
+        and any(
+            not part.startswith(".")
+            for path in claim.rglob("*")
+            if path.is_file()
+            for part in path.relative_to(claim).parts[:1]
+        )
+    }
+
+
 def _instances(url: str) -> list[Any]:
     report = StatusReport.model_validate(httpx.get(f"{url}/api/status").json())
     return [row for row in report.inboxes[0].instances if row.alive] if report.inboxes else []
@@ -127,17 +177,17 @@ def test_a_killed_daemons_documents_are_taken_over_and_its_peer_shows_it(
     data, inputs = tmp_path / "data", tmp_path / "inputs"
     gpu1, gpu2 = instance(config, "gpu1"), instance(config, "gpu2")
     for daemon in (gpu1, gpu2):
-        daemon.wait_for("daemon.ready")
+        daemon.wait_for("daemon.ready", timeout=STARTING)
     url = base_url(gpu2)
-    wait_until(lambda: len(_instances(url)) == 2, 30, "each daemon seeing the other")
+    wait_until(lambda: len(_instances(url)) == 2, patient(LEASE), "each daemon seeing the other")
     time.sleep(LEASE)  # past gpu2's first seconds (a lease, here), when it takes nothing over
     drop(data / "inbox", inputs, 24, pages=6)
-    gpu1.wait_for("document.started", count=3, timeout=60)
+    gpu1.wait_for("document.started", count=3, timeout=claiming())
     gpu1.kill()
     killed_at = time.monotonic()
     held = sorted(os.listdir(data / "work" / "gpu1"))
     assert held
-    [takeover] = gpu2.wait_for("instance.took_over", from_instance="gpu1", timeout=60)
+    [takeover] = gpu2.wait_for("instance.took_over", from_instance="gpu1", timeout=taking_over())
     took = time.monotonic() - killed_at
     # Not before a whole lease after its last renewal; soon after it (a look), also on a
     # loaded machine: far from the default lease of 90 s.
@@ -146,7 +196,7 @@ def test_a_killed_daemons_documents_are_taken_over_and_its_peer_shows_it(
     assert takeover["lease_age_seconds"] > LEASE  # the age the rule decided on
     taken = {e["doc"] for e in gpu2.find("document.taken_over", from_instance="gpu1")}
     assert taken and taken <= set(held)  # (a claim settled just before the kill has no doc)
-    wait_until(lambda: settled(data) == 24, 180, "every document settled")
+    wait_until(lambda: settled(data) == 24, converting(24, 6, 0.2), "every document settled")
     assert all(e["alone"] is False for e in gpu2.find("document.started"))  # no blame for it
 
     report = StatusReport.model_validate(httpx.get(f"{url}/api/status").json())
@@ -178,29 +228,29 @@ def test_a_daemon_paused_past_its_lease_writes_nothing_after_it_is_continued(
     data, inputs = tmp_path / "data", tmp_path / "inputs"
     slow, other = instance(config, "slow"), instance(config, "other")
     for daemon in (slow, other):
-        daemon.wait_for("daemon.ready")
+        daemon.wait_for("daemon.ready", timeout=STARTING)
     time.sleep(LEASE)  # past the other's first seconds (a lease), when it takes nothing over
     total = 0
     for round_, delay in enumerate((0.2, 0.9, 1.7)):
         started = len(slow.find("document.started"))
         total += len(drop(data / "inbox", inputs, 12, pages=6, prefix=f"r{round_}-"))
-        slow.wait_for("document.started", count=started + 1, timeout=60)
+        slow.wait_for("document.started", count=started + 1, timeout=claiming())
         time.sleep(delay)
         slow.process.send_signal(signal.SIGSTOP)
         try:
-            other.wait_for("instance.took_over", count=round_ + 1, timeout=60)
+            other.wait_for("instance.took_over", count=round_ + 1, timeout=taking_over())
             wait_until(
                 lambda expected=total: settled(data) == expected,  # type: ignore[misc]
-                120,
+                converting(12, 6, 0.1),
                 "the round settled by the other",
             )
-            time.sleep(0.5)
+            time.sleep(LEASE / 6)  # for a write under way to end
             before = snapshot(data / "outbox", data / "done", data / "failed")
         finally:
             slow.process.send_signal(signal.SIGCONT)
-        slow.wait_for("instance.lease_lost", count=round_ + 1, timeout=30)
-        slow.wait_for("instance.lease_acquired", count=round_ + 2, timeout=30)
-        time.sleep(1.0)  # time for any late write
+        slow.wait_for("instance.lease_lost", count=round_ + 1, timeout=taking_over())
+        slow.wait_for("instance.lease_acquired", count=round_ + 2, timeout=taking_over())
+        time.sleep(LEASE / 3)  # three renewals: time for any late write
         after = snapshot(data / "outbox", data / "done", data / "failed")
         assert after == before, "the paused daemon wrote after it was continued"
     lost = slow.find("instance.lease_lost")
@@ -209,7 +259,11 @@ def test_a_daemon_paused_past_its_lease_writes_nothing_after_it_is_continued(
     assert len(markdown_under(data / "outbox")) == total
 
     drop(data / "inbox", inputs, 4, pages=2, prefix="after-")
-    wait_until(lambda: settled(data) == total + 4, 60, "new files after the pauses")
+    wait_until(
+        lambda: settled(data) == total + 4,
+        claiming() + converting(4, 2, 0.1),
+        "new files after the pauses",
+    )
     assert slow.stop() == 0 and other.stop() == 0
     assert_every_document_once(data, inputs)
 
@@ -217,27 +271,32 @@ def test_a_daemon_paused_past_its_lease_writes_nothing_after_it_is_continued(
 def test_two_daemons_starting_together_take_back_only_their_own_claims(
     tmp_path: Path, instance: Callable[[Path, str], DaemonProcess]
 ) -> None:
-    config = shared_config(tmp_path, seconds_per_page=0.5)
+    """Started at the same moment, each takes nothing over in its first seconds
+    (`TAKEOVER_GRACE_SECONDS`, or a lease if that is shorter): the lease here is that long,
+    so that one daemon starting late on a loaded machine still takes its own claims back
+    before the other could take them over."""
+    lease = TAKEOVER_GRACE_SECONDS
+    config = shared_config(tmp_path, seconds_per_page=0.5, lease=lease)
     data, inputs = tmp_path / "data", tmp_path / "inputs"
     first = {name: instance(config, name) for name in ("a", "b")}
     for daemon in first.values():
-        daemon.wait_for("daemon.ready")
+        daemon.wait_for("daemon.ready", timeout=STARTING)
     drop(data / "inbox", inputs, 12, pages=8)
     for daemon in first.values():
-        daemon.wait_for("document.started", count=2, timeout=60)
+        daemon.wait_for("document.started", count=2, timeout=claiming(lease))
     for daemon in first.values():
         daemon.kill()
-    held = {name: set(os.listdir(data / "work" / name)) for name in first}
+    held = {name: claims_holding_originals(data / "work" / name) for name in first}
     assert all(held.values())
-    time.sleep(LEASE + 1)  # both leases expired: either could take the other's claims
+    time.sleep(lease + 1)  # both leases expired: either could take the other's claims
 
     again = {name: instance(config, name) for name in ("a", "b")}  # at the same moment
     for name, daemon in again.items():
-        [acquired] = daemon.wait_for("instance.lease_acquired", timeout=60)
+        [acquired] = daemon.wait_for("instance.lease_acquired", timeout=STARTING)
         assert acquired["taken_back"] == 1
-        recovered = {e["doc"] for e in daemon.wait_for("document.recovered", count=len(held[name]))}
-        assert recovered == held[name]
-    wait_until(lambda: settled(data) == 12, 180, "every document settled")
+        recovered = daemon.wait_for("document.recovered", count=len(held[name]), timeout=STARTING)
+        assert {e["doc"] for e in recovered} == held[name]
+    wait_until(lambda: settled(data) == 12, converting(12, 8, 0.5), "every document settled")
     for daemon in again.values():
         assert not daemon.find("instance.took_over") and not daemon.find("document.taken_over")
         assert daemon.stop() == 0
@@ -257,21 +316,21 @@ def test_a_daemon_stopped_cleanly_hands_its_unfinished_document_over_at_once(
     )
     data = tmp_path / "data"
     leaving = instance(config, "leaving")
-    leaving.wait_for("daemon.ready")
+    leaving.wait_for("daemon.ready", timeout=STARTING)
     make_pdf(data / "inbox" / ".book.part", 60)
     (data / "inbox" / ".book.part").rename(data / "inbox" / "book.pdf")
-    leaving.wait_for("document.started", timeout=60)
+    leaving.wait_for("document.started", timeout=claiming())
     staying = instance(config, "staying")
-    staying.wait_for("daemon.ready")
-    time.sleep(11)  # past its first seconds, in which it takes nothing over
+    staying.wait_for("daemon.ready", timeout=STARTING)
+    time.sleep(TAKEOVER_GRACE_SECONDS + 1)  # past its first seconds: it takes nothing over
     stopped_at = time.monotonic()
     assert leaving.stop() == 0
     [released] = leaving.find("instance.lease_released")
     assert released["claims_left"] == 1
-    [taken] = staying.wait_for("document.taken_over", timeout=30)
+    [taken] = staying.wait_for("document.taken_over", timeout=taking_over())
     # at once on a clean stop, not after a lease (90 s here), also on a loaded machine
     assert time.monotonic() - stopped_at < 45 and taken["path"] == "book.pdf"
-    [summary] = staying.wait_for("document.finished", timeout=120)
+    [summary] = staying.wait_for("document.finished", timeout=converting(1, 60, 0.4))
     [opened] = staying.find("document.opened")
     recognised_before = len(leaving.find("page.recognised"))
     assert recognised_before > 10
@@ -287,14 +346,16 @@ def test_a_second_daemon_under_the_same_instance_name_refuses_to_start(
 ) -> None:
     config = shared_config(tmp_path)
     first = instance(config, "twin")
-    first.wait_for("daemon.ready")
+    first.wait_for("daemon.ready", timeout=STARTING)
     second = instance(config, "twin")
-    assert second.process.wait(timeout=60) == 78
+    assert second.process.wait(timeout=STARTING) == 78
     [refused] = second.find("startup.refused")
     assert "another daemon holds the lease of instance twin" in refused["reason"]
     assert f"pid {first.process.pid}" in refused["reason"] and "OCRD_INSTANCE" in refused["reason"]
     make_pdf(tmp_path / "data" / "inbox" / "still.pdf", 1)
-    first.wait_for("document.finished", path="still.pdf")
+    first.wait_for(
+        "document.finished", path="still.pdf", timeout=claiming() + converting(1, 1, 0.2)
+    )
     assert not first.find("instance.lease_lost")
     assert first.stop() == 0
 
@@ -315,16 +376,18 @@ def test_two_daemons_on_a_network_like_share_with_lost_replies_and_a_skewed_cloc
         data, inputs = share / "data", tmp_path / "inputs"
         one, two = instance(config, "host1"), instance(config, "host2")
         for daemon in (one, two):
-            daemon.wait_for("daemon.ready")
+            daemon.wait_for("daemon.ready", timeout=STARTING)
             [watching] = daemon.find("inbox.watching")
             assert watching["polling"] is True and "fuse.netfs" in watching["reason"]
         # Another host drops the files: straight into the server's folder.
         drop(backing / "data" / "inbox", inputs, 30, pages=2)
-        one.wait_for("document.finished", count=3, timeout=120)
+        one.wait_for("document.finished", count=3, timeout=claiming() + converting(3, 2, 0.1))
         one.kill()
-        [takeover] = two.wait_for("instance.took_over", from_instance="host1", timeout=60)
+        [takeover] = two.wait_for(
+            "instance.took_over", from_instance="host1", timeout=taking_over()
+        )
         assert LEASE < takeover["lease_age_seconds"] < LEASE + 30  # not two hours
-        wait_until(lambda: settled(data) == 30, 300, "every document settled")
+        wait_until(lambda: settled(data) == 30, converting(30, 2, 0.1), "every document settled")
         assert two.stop() == 0
         lost = json.loads(counts.read_text())
         assert lost["rename"] > 0 and lost["link"] > 0

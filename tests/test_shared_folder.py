@@ -50,6 +50,21 @@ def make_text_pdf(path: Path, text: str) -> Path:
     return path
 
 
+SETTLE = 0.5  # conftest.write_config's settle_seconds
+RESCAN = 2.0  # and its rescan_interval_seconds, where a test keeps it
+SECONDS_PER_PAGE = 0.05  # and its simulated engine's
+# A wait is a step's time by those settings times this (CI ran on 2 cores at a load of 9
+# to 13), plus what no setting bounds: the daemon starting.
+PATIENCE = 20
+STARTING = 120.0
+
+
+def within(*seconds: float) -> float:
+    """How long to wait for what the settings say takes `seconds` (in all), from a daemon
+    that may be starting still."""
+    return STARTING + PATIENCE * sum(seconds)
+
+
 def let_rescans_pass(count: int) -> None:
     time.sleep(count * RESCAN_SECONDS + 0.5)
 
@@ -72,10 +87,14 @@ def test_a_name_that_is_not_utf8_converts_and_every_report_can_show_it(
         assert report.status_code == 200, report.text
         return {w["path"] for w in report.json()["inboxes"][0]["waiting"]}
 
-    assert "Pr\\xfcfbericht.pdf" in wait_until(waiting, 60, "the file listed as waiting")
+    assert "Pr\\xfcfbericht.pdf" in wait_until(
+        waiting, within(RESCAN), "the file listed as waiting"
+    )
     page = httpx.get(f"{url}/")
     assert page.status_code == 200 and "Pr\\xfcfbericht.pdf" in page.text
-    finished = daemon.wait_for("document.finished", count=2, timeout=60)
+    finished = daemon.wait_for(
+        "document.finished", count=2, timeout=within(3, RESCAN, 2 * 2 * SECONDS_PER_PAGE)
+    )
     assert httpx.get(f"{url}/api/status").status_code == 200
     assert httpx.get(f"{url}/").status_code == 200
     assert daemon.stop() == 0
@@ -114,8 +133,9 @@ def test_files_ocrd_may_not_move_wait_listed_with_the_fix_and_go_once_fixed(
 
     daemon = start_daemon(config, runtime=runtime, user=SERVICE)
     url = base_url(daemon)
-    daemon.wait_for("document.finished", path="fine.pdf", timeout=60)
-    blocked = daemon.wait_for("file.blocked", count=3, timeout=30)
+    one = (SETTLE, RESCAN_SECONDS, SECONDS_PER_PAGE)  # a one-page file found and converted
+    daemon.wait_for("document.finished", path="fine.pdf", timeout=within(*one))
+    blocked = daemon.wait_for("file.blocked", count=3, timeout=within(RESCAN_SECONDS))
     let_rescans_pass(3)
     assert len(daemon.find("file.blocked")) == 3  # once each, not at every rescan
     reasons = {Path(e["path"]).name: e["reason"] for e in blocked}
@@ -140,8 +160,8 @@ def test_files_ocrd_may_not_move_wait_listed_with_the_fix_and_go_once_fixed(
     os.chmod(sticky, 0o777)
     os.chmod(inbox / "private.pdf", 0o640)
     for path in ("alices-folder/minutes.pdf", "drop-here/bobs-scan.pdf", "private.pdf"):
-        daemon.wait_for("document.finished", path=path, timeout=60)
-    assert len(daemon.wait_for("file.unblocked", count=3, timeout=60)) == 3
+        daemon.wait_for("document.finished", path=path, timeout=within(*one))
+    assert len(daemon.wait_for("file.unblocked", count=3, timeout=within(*one))) == 3
     assert httpx.get(f"{url}/api/status").json()["attention"] == []
     assert daemon.stop() == 0
     assert sorted(p.name for p in (data / "done").rglob("*.pdf")) == [
@@ -178,7 +198,9 @@ def test_links_are_never_followed_into_what_only_ocrd_may_read(
         pipeline={"rescan_interval_seconds": RESCAN_SECONDS},
     )
     daemon = start_daemon(config, runtime=runtime, user=SERVICE)
-    [summary] = daemon.wait_for("document.finished", path="job-1", timeout=60)
+    [summary] = daemon.wait_for(
+        "document.finished", path="job-1", timeout=within(SETTLE, RESCAN_SECONDS, SECONDS_PER_PAGE)
+    )
     let_rescans_pass(3)
     assert daemon.stop() == 0
 
@@ -206,9 +228,13 @@ def test_a_fifo_and_a_socket_in_a_job_folder_are_left_out_and_never_block(
     os.mkfifo(data / "inbox" / "loose.pdf")
     try:
         daemon = start_daemon(config)
-        [summary] = daemon.wait_for("document.finished", path="scan-7", timeout=60)
+        [summary] = daemon.wait_for(
+            "document.finished", path="scan-7", timeout=within(SETTLE, RESCAN, SECONDS_PER_PAGE)
+        )
         make_pdf(data / "inbox" / "after.pdf", 1)
-        daemon.wait_for("document.finished", path="after.pdf", timeout=60)
+        daemon.wait_for(
+            "document.finished", path="after.pdf", timeout=within(SETTLE, RESCAN, SECONDS_PER_PAGE)
+        )
         assert daemon.stop(timeout=20) == 0  # SIGTERM ends it: nothing hangs on the FIFO
     finally:
         listener.close()
@@ -304,7 +330,9 @@ def test_same_named_documents_settling_at_once_keep_their_own_outputs(
     for index in range(20):  # each pair renamed into place at the same moment
         for side in ("a", "b"):
             os.rename(staging / f"{side}-{index}.pdf", data / side / "inbox" / f"letter{index}.pdf")
-    finished = daemon.wait_for("document.finished", count=40, timeout=180)
+    finished = daemon.wait_for(
+        "document.finished", count=40, timeout=within(SETTLE, RESCAN, 40 * SECONDS_PER_PAGE)
+    )
     assert daemon.stop() == 0
 
     assert {e["outcome"] for e in finished} == {"done"}

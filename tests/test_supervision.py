@@ -16,7 +16,7 @@ from conftest import NotifySocket, write_config
 
 from ocrd.config import load_config
 from ocrd.daemon import EXIT_FATAL, Daemon
-from ocrd.documents.dispatch import Dispatcher
+from ocrd.documents.dispatch import DocumentDispatcher
 from ocrd.intake.inboxes import Intake, Job
 
 
@@ -32,16 +32,16 @@ def test_an_unexpected_error_in_the_loop_exits_70_with_its_traceback(
 ) -> None:
     config = load_config(write_config(tmp_path))
     ticks = 0
-    original = Dispatcher.dispatch
+    original = DocumentDispatcher.dispatch
 
-    async def failing_dispatch(self: Dispatcher) -> None:
+    async def failing_dispatch(self: DocumentDispatcher) -> None:
         nonlocal ticks
         ticks += 1
         if ticks == 5:
             raise RuntimeError("a bug in dispatching")
         await original(self)
 
-    monkeypatch.setattr(Dispatcher, "dispatch", failing_dispatch)
+    monkeypatch.setattr(DocumentDispatcher, "dispatch", failing_dispatch)
     with structlog.testing.capture_logs() as logs:
         code = asyncio.run(Daemon(config).run())
     assert code == EXIT_FATAL

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 
 from ocrd.config import DocumentOptions, EngineConfig, PipelineConfig
-from ocrd.documents.pipeline import Pipeline, Progress
+from ocrd.documents.pipeline import DocumentContext, Pipeline, Progress
 from ocrd.domain import DocumentFailed
 from ocrd.engines import EngineDeadError, choose_engine, create_engine
 from ocrd.files import free_name
@@ -155,9 +155,9 @@ async def convert_files(
         async with documents:
             with tempfile.TemporaryDirectory(prefix="ocrd-convert-") as scratch:
                 try:
-                    result = await pipeline.convert(
-                        path, settings, Path(scratch), progress=progress
-                    )
+                    document = DocumentContext.of(path, settings, Path(scratch))
+                    document.progress = progress
+                    result = await pipeline.convert(document)
                 except DocumentFailed as failure:
                     display.finish(path, "failed")
                     report = free_name(out / f"{path.stem}{ERROR_SUFFIX}")

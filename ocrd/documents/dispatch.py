@@ -54,6 +54,10 @@ class Admission:
         self.running: set[asyncio.Task[None]] = set()
         self._alone: asyncio.Task[None] | None = None
 
+    def resize(self, limit: int) -> None:
+        """A new limit (a reload, a fleet that grew or shrank); documents running stay."""
+        self.limit = limit
+
     def admits(self, alone: bool) -> bool:
         if self._alone is not None or len(self.running) >= self.limit:
             return False
@@ -85,24 +89,26 @@ def known_failure(job: Job) -> DocumentFailed | None:
     return None
 
 
-class Dispatcher:
+class DocumentDispatcher:
     def __init__(
         self,
         intake: Intake,
         runner: DocumentRunner,
         admission: Admission,
         on_crash: Callable[[BaseException], None],
+        shared: Callable[[Inbox], bool],
+        stopping: asyncio.Event,
     ) -> None:
         """`on_crash` is told of a document task that ended with an exception (a dead
-        engine, or a bug that escaped the document's state machine)."""
+        engine, or a bug that escaped the document's state machine); `shared` says whether
+        other live daemons serve an inbox too; once `stopping` is set nothing more is
+        claimed or started (claiming ends the moment it is set)."""
         self.intake = intake
         self.runner = runner
         self.admission = admission
         self.on_crash = on_crash
-        # Whether other live daemons serve this inbox too (instances.Instances.shared).
-        self.shared: Callable[[Inbox], bool] = lambda _: False
-        # Set once the daemon stops: from then on nothing more is claimed or started.
-        self.stopping = asyncio.Event()
+        self.shared = shared
+        self.stopping = stopping
         self.jobs: deque[Job] = deque()
         self.documents: dict[asyncio.Task[None], tuple[Inbox, Claim]] = {}
         self.log = get_logger()

@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ocrd.config import DocumentOptions
 from ocrd.documents import crashes, failures
-from ocrd.documents.pipeline import Pipeline, Progress
+from ocrd.documents.pipeline import DocumentContext, Pipeline, Progress
 from ocrd.documents.route import Route
-from ocrd.documents.settling import OriginalVanished, Settling, given_up
+from ocrd.documents.settling import Finished, OriginalVanished, Settling, given_up
 from ocrd.documents.sources import Inputs, SourceKind, Sources, job_snapshot, read_inputs
 from ocrd.domain import DocumentFailed, DocumentResult, Stage
 from ocrd.engines import EngineDeadError
@@ -70,10 +71,17 @@ class InFlight:
 class DocumentRunner:
     """Runs claimed documents through the pipeline and settles them."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        on_finished: Sequence[Finished] = (),
+        on_storage_fault: Sequence[Callable[[str], None]] = (),
+    ) -> None:
+        """`on_finished` is told of every settled document, `on_storage_fault` of each
+        storage fault met while settling (see `Settling`)."""
         self.pipeline = pipeline
         self.in_flight: dict[str, InFlight] = {}
-        self.settling = Settling()
+        self.settling = Settling(on_finished, on_storage_fault)
         # What the settling keeps, reached here by the parts that report it.
         self.storage = self.settling.storage
         self.stuck = self.settling.stuck
@@ -120,7 +128,7 @@ class DocumentRunner:
             await self.settling.fail(route, claim, failure, started, log)
             return
         journal = PageJournal(claim.journal, claim.check_held)
-        attempt, begun = await asyncio.to_thread(_begun, claim, journal, route.options)
+        attempt = await asyncio.to_thread(claim.start_attempt)
         log.info("document.started", attempt=attempt, alone=alone, model=route.options.model)
         progress = Progress()
         self.in_flight[claim.id] = InFlight(
@@ -132,7 +140,7 @@ class DocumentRunner:
             route.options.model,
         )
         try:
-            outcome = await self._convert(route, claim, log, progress, started, journal, begun)
+            outcome = await self._convert(route, claim, log, progress, started, journal)
             claim.check_held()  # an original gone from a claim taken over did not vanish
             await self._settle(route, claim, outcome, started, log)
         except EngineDeadError as error:
@@ -167,17 +175,16 @@ class DocumentRunner:
         progress: Progress,
         arrival: float,
         journal: PageJournal,
-        begun: Begun | Exception,
     ) -> DocumentResult | DocumentFailed:
-        """Convert the claim from its sources as read when its attempt began (`begun`; a
-        scan job that changed meanwhile is listed and read anew for each further try)."""
+        """Convert the claim from its sources as read when its attempt begins (a scan job
+        that changed meanwhile is listed and read anew for each further try)."""
         try:
-            if isinstance(begun, Exception):
-                raise begun
-            (sources, before), first = begun
+            (sources, before), first = await asyncio.to_thread(
+                _begun, claim, journal, route.options
+            )
             read: Inputs | None = first  # the next try of a changed job reads them anew
             for attempt in range(1, JOB_CHANGES_TOLERATED + 2):
-                result = await self.pipeline.convert(
+                document = DocumentContext(
                     sources,
                     route.options,
                     claim.scratch,
@@ -188,6 +195,7 @@ class DocumentRunner:
                     route.pages,
                     read,
                 )
+                result = await self.pipeline.convert(document)
                 if sources.kind is not SourceKind.folder:  # nothing a scanner adds to
                     return result
                 if await asyncio.to_thread(_snapshot_again, sources) == before:
@@ -243,17 +251,11 @@ Listed = tuple[Sources, Snapshot]
 Begun = tuple[Listed, Inputs]  # what an attempt read before its first page
 
 
-def _begun(
-    claim: Claim, journal: PageJournal, settings: DocumentOptions
-) -> tuple[int, Begun | Exception]:
-    """The attempt counted (saved in the claim), the claim's sources listed and read, in
-    one thread hop; an error reading them is the conversion's (returned, raised there)."""
-    attempt = claim.start_attempt()
-    try:
-        listed = _listed(claim)
-        return attempt, (listed, read_inputs(listed[0], journal, settings, claim.scratch))
-    except Exception as error:
-        return attempt, error
+def _begun(claim: Claim, journal: PageJournal, settings: DocumentOptions) -> Begun:
+    """The claim's sources listed and read, in one thread hop (an error reading them is
+    the conversion's, raised where it handles its errors)."""
+    listed = _listed(claim)
+    return listed, read_inputs(listed[0], journal, settings, claim.scratch)
 
 
 def _listed(claim: Claim) -> Listed:

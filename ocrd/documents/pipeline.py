@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ocrd.backoff import Backoff
@@ -74,8 +74,39 @@ class Progress:
 
 
 @dataclass
+class DocumentContext:
+    """One document handed down the pipeline: where its pages come from, the inbox's
+    settings for it, where its figures and PDFs are made, and what the caller follows it
+    by (its log, journal and progress, when it arrived, the pages wanted)."""
+
+    sources: Sources
+    settings: DocumentOptions
+    scratch: Path  # figures are cut here as pages come back, searchable PDFs written here
+    log: FilteringBoundLogger
+    journal: PageJournal | None = None  # pages found in it are taken from it; new ones added
+    progress: Progress = field(default_factory=Progress)
+    arrival: float | None = None  # when it arrived, for the page schedule
+    pages: tuple[int, int] | None = None  # a task's page range; the pages keep their numbers
+    read: Inputs | None = None  # its inputs, where the caller read them already
+
+    @classmethod
+    def of(
+        cls, source: Path | Sources, settings: DocumentOptions, scratch: Path
+    ) -> DocumentContext:
+        """A document from a file or from sources, logged under its first file's path."""
+        sources = source if isinstance(source, Sources) else Sources((source,))
+        log = get_logger(path=str(sources.files[0] if sources.files else source))
+        return cls(sources, settings, scratch, log)
+
+    @property
+    def figures(self) -> Path | None:
+        """Where figures are cut to; None: no figures."""
+        return self.scratch if self.settings.figures else None
+
+
+@dataclass
 class _Run:
-    """One document on its way through the pipeline."""
+    """One document's pages on their way through the pipeline."""
 
     pages: list[PageRef]  # where each page (1-based, by index + 1) comes from
     settings: DocumentOptions
@@ -106,16 +137,23 @@ class Pipeline:
         budget: PageBudget,
         page_retries: int = 0,
         retry_backoff_seconds: float = 0.0,
+        on_page_done: Sequence[Callable[[PageResult], None]] = (),
     ) -> None:
         self.engine = engine
         self.renderers = renderers
         self.budget = budget
         self.page_retries = page_retries
         self.retry_backoff_seconds = retry_backoff_seconds
-        self.on_page_done: list[Callable[[PageResult], None]] = []  # throughput, metrics
+        self.on_page_done = list(on_page_done)  # throughput, metrics
 
     @classmethod
-    def create(cls, engine: Engine, config: PipelineConfig, buffer_side: int = 2048) -> Pipeline:
+    def create(
+        cls,
+        engine: Engine,
+        config: PipelineConfig,
+        buffer_side: int = 2048,
+        on_page_done: Sequence[Callable[[PageResult], None]] = (),
+    ) -> Pipeline:
         """A pipeline sized for `engine` where the config says `auto`."""
         pool = RenderPool(
             config.render_workers_for(),
@@ -124,65 +162,50 @@ class Pipeline:
             page_folder=engine.page_folder,
         )
         budget = PageBudget(config.pages_in_flight_for(engine.max_concurrency))
-        return cls(engine, pool, budget, config.page_retries, config.page_retry_backoff_seconds)
+        retries, backoff = config.page_retries, config.page_retry_backoff_seconds
+        return cls(engine, pool, budget, retries, backoff, on_page_done)
+
+    def retry_pages(self, retries: int, backoff_seconds: float) -> None:
+        """How often a page the engine failed is tried again, and the first wait (a
+        reload's new settings)."""
+        self.page_retries = retries
+        self.retry_backoff_seconds = backoff_seconds
 
     @property
     def pages_in_flight(self) -> int:
         return self.budget.in_flight
 
-    async def convert(
-        self,
-        source: Path | Sources,
-        settings: DocumentOptions,
-        scratch: Path,
-        log: FilteringBoundLogger | None = None,
-        journal: PageJournal | None = None,
-        progress: Progress | None = None,
-        arrival: float | None = None,
-        pages: tuple[int, int] | None = None,
-        read: Inputs | None = None,
-    ) -> DocumentResult:
-        """Render and recognise every page of `source` (a file, or the files of a scan job or
-        a duplex pair), or only those from `pages[0]` to `pages[1]` (a task's page range;
-        they keep their numbers); raises DocumentFailed with the reason.
-
-        Figures are cut into `scratch` as pages come back, not kept in memory. Pages found in
-        `journal` are taken from it; each newly recognised page is added to it.
-        """
-        sources = source if isinstance(source, Sources) else Sources((source,))
-        log = log or get_logger(path=str(sources.files[0] if sources.files else source))
-        progress = progress or Progress()
+    async def convert(self, document: DocumentContext) -> DocumentResult:
+        """Render and recognise every page of the document (a file, or the files of a scan
+        job or a duplex pair), or only its page range; raises DocumentFailed with the
+        reason."""
+        settings, log = document.settings, document.log
         started = time.monotonic()
-        if read is None:  # `read` where the caller read them already, in a hop of its own
-            read = await asyncio.to_thread(read_inputs, sources, journal, settings, scratch)
-        files, skipped, done = read.files, read.skipped, read.journal
-        figures = scratch if settings.figures else None
+        read = document.read
+        if read is None:  # given where the caller read them already, in a hop of its own
+            read = await asyncio.to_thread(
+                read_inputs, document.sources, document.journal, settings, document.scratch
+            )
+        files, skipped = read.files, read.skipped
         if skipped:
             log.warning("document.files_skipped", files=skipped, action="left out of the document")
         if not files:
             raise failures.no_pages_in_folder()
-        inputs = [SourceFile(path, fmt, settings.render, sources.root) for path, fmt in files]
+        root = document.sources.root
+        inputs = [SourceFile(path, fmt, settings.render, root) for path, fmt in files]
+        kind = document.sources.kind
         try:
-            done_pages, refs = await self._pages(
-                inputs,
-                sources.kind,
-                settings,
-                figures,
-                log,
-                journal,
-                done,
-                progress,
-                arrival,
-                pages,
-            )
-            split = split_document(done_pages, settings, sources.kind)
+            done_pages, refs = await self._pages(document, inputs, read.journal)
+            split = split_document(done_pages, settings, kind)
             result = DocumentResult(inputs[0].format, done_pages, time.monotonic() - started, split)
             if result.unfinished_pages and settings.unfinished_pages is UnfinishedPages.failed:
                 raise failures.unfinished(result)
             if nothing_read(result):
                 raise failures.no_text(result)
             if OutputKind.pdf in settings.outputs:
-                pdfs = searchable_pdfs(self.renderers, result, inputs, refs, settings, scratch)
+                pdfs = searchable_pdfs(
+                    self.renderers, result, inputs, refs, settings, document.scratch
+                )
                 result.pdfs = await pdfs
         except (BaseExceptionGroup, RenderError) as error:
             raise failures.of(error) from None
@@ -191,28 +214,21 @@ class Pipeline:
         return result
 
     async def _pages(
-        self,
-        inputs: list[SourceFile],
-        kind: SourceKind,
-        settings: DocumentOptions,
-        figures: Path | None,
-        log: FilteringBoundLogger,
-        journal: PageJournal | None,
-        done: dict[int, PageResult],
-        progress: Progress,
-        arrival: float | None,
-        selected: tuple[int, int] | None = None,
+        self, document: DocumentContext, inputs: list[SourceFile], done: dict[int, PageResult]
     ) -> tuple[list[PageResult], list[PageRef]]:
         """The pages of `inputs`: those in `done` (the journal's) as they are, the rest
         rendered and recognised."""
+        kind, settings, log = document.sources.kind, document.settings, document.log
         counts = [await _page_count(self.renderers, source, len(inputs) > 1) for source in inputs]
         refs = [PageRef(inputs[i], n) for i, n in page_order(counts, kind is SourceKind.duplex)]
+        selected = document.pages
         first, last = selected or (1, len(refs))
         numbers = range(first, min(last, len(refs)) + 1)
         if not numbers:
             raise failures.no_pages_in_range(first, last, len(refs))
         count = len(numbers)
         resumed = {number: page for number, page in done.items() if number in numbers}
+        progress = document.progress
         progress.pages, progress.done = count, len(resumed)
         log.info(
             "document.opened",
@@ -232,10 +248,10 @@ class Pipeline:
         run = _Run(
             refs,
             settings,
-            figures,
+            document.figures,
             log,
-            journal,
-            self.budget.ticket(count - len(resumed), arrival),
+            document.journal,
+            self.budget.ticket(count - len(resumed), document.arrival),
             progress,
             SeparatorRules.of(settings.split_on, settings.split_barcode)
             if settings.split_on

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -62,19 +62,28 @@ def given_up(lost: ClaimLost, log: FilteringBoundLogger) -> None:
     )
 
 
+# Told of a settled document, with its inbox's settings as they were when it started.
+Finished = Callable[[InboxConfig, DocumentSummary], None]
+
+
 class Settling:
     """Settles documents, and keeps what an operator must know of that: the storage fault
     being waited out, and the claims that could not be settled at all."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        on_finished: Sequence[Finished] = (),
+        on_storage_fault: Sequence[Callable[[str], None]] = (),
+    ) -> None:
+        """`on_finished` is told of every settled document, with its inbox's settings as
+        they were when it started (hooks, metrics, the status page); `on_storage_fault` of
+        each storage fault met while settling."""
         self.storage = StorageHealth()
         # Claims that could not be settled even as failures, by id: what an operator must
         # look at (they stay in the work area until the next start).
         self.stuck: dict[str, str] = {}
-        # Told of every settled document, with its inbox's settings as they were when it
-        # started (hooks, metrics, the status page).
-        self.on_finished: list[Callable[[InboxConfig, DocumentSummary], None]] = []
-        self.on_storage_fault: list[Callable[[str], None]] = []
+        self.on_finished = list(on_finished)
+        self.on_storage_fault = list(on_storage_fault)
 
     async def succeed(
         self,

@@ -6,7 +6,8 @@ garbled; one that does not answer is not up yet.
 The test page goes as a page goes: the same request body (the prompt of the pages sent
 lately, the pages' max_tokens) and an id from the pages' own sequence with a page number,
 no header of its own; so a server cannot answer the check well and the work badly by
-telling them apart by the request."""
+telling them apart by the request. Nor by the picture: each check is a page drawn afresh
+(selfcheck.draw_check), judged by the words drawn for it."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ from typing import Any
 from PIL import Image
 
 from ocrd.config import PromptMode
+from ocrd.engines import selfcheck
 from ocrd.engines.base import EngineError, SelfCheckResult
-from ocrd.engines.checkpage import draw_check_page
 from ocrd.engines.keepers import ReplicaUnavailable
-from ocrd.engines.link import LinkError
+from ocrd.engines.link import Answer, LinkError
 from ocrd.engines.media import PageMedia
 from ocrd.engines.recipes import default_model, prompt_for
 from ocrd.engines.replica import Replica
@@ -45,39 +46,36 @@ class SelfCheckGate:
         what_to_do: str,
         recipe: Model | None = None,
     ) -> None:
-        # The model's own test page, prompt and judge (its parser makes the blocks).
+        # The model's own prompt, and its parser to read the answer before it is judged.
         self.recipe = recipe or default_model()
         self.request_body = request_body
         self.request_id = request_id
         self.recent_mode = recent_mode  # the prompt mode of the pages sent lately
         self.request_timeout = request_timeout
         self.what_to_do = what_to_do
-        self._media: PageMedia | None = None
+        self._prepare: Callable[[Image.Image], PageMedia] | None = None
         self._draws = random.SystemRandom()
 
     async def open(self, prepare: Callable[[Image.Image], PageMedia]) -> None:
-        """Draw the test page once, in the form the replicas take pages."""
-        check = self.recipe.self_check
-        page = await asyncio.to_thread(draw_check_page, check.page, check.long_side)
-        self._media = await asyncio.to_thread(prepare, page)
+        """Take the form the replicas take pages in (each check's page is drawn anew)."""
+        self._prepare = prepare
 
     def close(self) -> None:
-        if self._media is not None:
-            self._media.release()
+        self._prepare = None
 
     async def read_test_page(self, replica: Replica) -> SelfCheckResult:
-        """How well the replica reads the page; ReplicaUnavailable if it does not answer."""
-        assert self._media is not None
-        # The model's prompt for the pages sent lately, as a page of them would go.
-        body = self.request_body(self._media.url, prompt_for(self.recipe, self.recent_mode()))
-        started = time.monotonic()
-        request_id = self.request_id(self._draws.randint(1, PAGE_NUMBERS))
+        """How well the replica reads a freshly drawn test page; ReplicaUnavailable if it
+        does not answer."""
+        assert self._prepare is not None
+        page = await asyncio.to_thread(selfcheck.draw_check, self._draws)
+        media = await asyncio.to_thread(self._prepare, page.image)
         try:
-            answer = await replica.link.post(
-                "/chat/completions", body, self.request_timeout, request_id
-            )
-        except LinkError as error:
-            raise ReplicaUnavailable(f"no answer to ocrd's test page: {error}") from None
+            body = self.request_body(media.url, prompt_for(self.recipe, self.recent_mode()))
+            started = time.monotonic()
+            request_id = self.request_id(self._draws.randint(1, PAGE_NUMBERS))
+            answer = await self._post(replica, body, request_id)
+        finally:
+            media.release()
         if answer.status != 200 or answer.data is None:
             raise ReplicaUnavailable(
                 f"ocrd's test page was answered HTTP {answer.status}: {answer.text[:200]}"
@@ -86,7 +84,9 @@ class SelfCheckGate:
             text = page_text(answer.data, 0.0, None, self.recipe.sampling.strip).text
         except EngineError as error:
             raise ReplicaUnavailable(f"ocrd's test page: {error}") from None
-        score = self.recipe.judge(text)
+        # Judged on what the model's parser reads from the answer: its markup never counts.
+        blocks = self.recipe.blocks(text, page.image.size)
+        score = page.score("\n".join(block.content for block in blocks))
         version = await self._version_of(replica)
         return SelfCheckResult(
             passed=score.passed,
@@ -97,6 +97,14 @@ class SelfCheckGate:
             answer=re.sub(r"\s+", " ", text)[:200],
             vllm_version=version,
         )
+
+    async def _post(self, replica: Replica, body: dict[str, Any], request_id: str) -> Answer:
+        try:
+            return await replica.link.post(
+                "/chat/completions", body, self.request_timeout, request_id
+            )
+        except LinkError as error:
+            raise ReplicaUnavailable(f"no answer to ocrd's test page: {error}") from None
 
     @staticmethod
     async def _version_of(replica: Replica) -> str | None:

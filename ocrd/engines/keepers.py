@@ -96,6 +96,12 @@ async def probe_models(link: ServerLink) -> str | None:
         return None
     if answer.status in REFUSES_US:
         return f"refuses ocrd's {REFUSES_US[answer.status]} (HTTP {answer.status})"
+    if 300 <= answer.status < 400:  # link.py follows none: a redirect could lead anywhere
+        where = answer.location or "no Location"
+        return (
+            f"/models answered a redirect (HTTP {answer.status} to {where}); ocrd follows "
+            "no redirect: list the server under the URL that answers itself"
+        )
     return f"HTTP {answer.status}"
 
 

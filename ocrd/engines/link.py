@@ -45,8 +45,8 @@ class Dropped(LinkError):
 class TooLarge(LinkError):
     """The server's answer was longer than the request's limit; it was not read further."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"its answer was longer than the limit of {limit:,} bytes")
+    def __init__(self, limit: int, request: str) -> None:
+        super().__init__(f"its answer to {request} was longer than the limit of {limit:,} bytes")
         self.limit = limit
 
 
@@ -54,6 +54,7 @@ class TooLarge(LinkError):
 class Answer:
     status: int
     body: bytes
+    location: str | None = None  # a redirect's Location header (never followed)
 
     @property
     def text(self) -> str:
@@ -158,8 +159,12 @@ class ServerLink:
                 json=body,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 10.0)),
+                # A redirect would carry the page (and, to the same host, the key) to a
+                # server the trusted set never judged: a 3xx is an answer, not a way on.
+                allow_redirects=False,
             ) as response:
-                return Answer(response.status, await _read_bounded(response, limit))
+                body_read = await _read_bounded(response, limit, f"{method} {url}")
+                return Answer(response.status, body_read, response.headers.get("Location"))
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
             raise Unreachable(_describe(error)) from error
         except FileNotFoundError as error:  # a Unix socket not there (yet)
@@ -170,16 +175,16 @@ class ServerLink:
             raise Dropped(_describe(error)) from error
 
 
-async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int, request: str) -> bytes:
     """The body, read in chunks as it arrives (within the request's total timeout), given
     up as soon as it is longer than `limit`: at most `limit` plus one chunk is ever held."""
     if response.content_length is not None and response.content_length > limit:
-        raise TooLarge(limit)
+        raise TooLarge(limit, request)
     body = bytearray()
     async for chunk in response.content.iter_chunked(READ_CHUNK_BYTES):
         body += chunk
         if len(body) > limit:
-            raise TooLarge(limit)
+            raise TooLarge(limit, request)
     return bytes(body)
 
 

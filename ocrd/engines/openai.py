@@ -35,7 +35,7 @@ from ocrd.engines.base import ReplicaFacts, ReplicaState
 from ocrd.engines.keepers import RemoteKeeper
 from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageMedia, png_data_url
-from ocrd.engines.registry import Refusal, RouterLink, RouterRegistry
+from ocrd.engines.registry import SHOWN_REFUSALS, Refusal, RouterLink, RouterRegistry
 from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.replicas import KNOWN_GOOD_TEXT
 from ocrd.engines.router import Router
@@ -105,8 +105,8 @@ class OpenAiEngine(Router):
     @property
     def replicas(self) -> list[ReplicaFacts]:
         """The fleet's servers, and the workers the router lists that ocrd refuses."""
-        refused = self.registry.refused.values() if self.registry is not None else ()
-        return [*super().replicas, *(_refused_facts(r) for r in refused)]
+        refused = list(self.registry.refused.values()) if self.registry is not None else []
+        return [*super().replicas, *(_refused_facts(r) for r in refused[:SHOWN_REFUSALS])]
 
     async def start(self) -> None:
         self._key = os.environ.get(self.config.api_key_env) or None  # a reload may change it
@@ -133,8 +133,8 @@ class OpenAiEngine(Router):
             if self._refused_seen != self.registry.refused:  # the status shows them
                 changed = {**self._refused_seen, **self.registry.refused}.values()
                 self._refused_seen = dict(self.registry.refused)
-                for callback in self.supervisor.on_change:
-                    for refusal in changed:
+                for callback in self.supervisor.on_change:  # thousands are told as a few
+                    for refusal in list(changed)[:SHOWN_REFUSALS]:
                         callback(_refused_facts(refusal))
             if self.supervisor.fleet_problem != self.registry.problem:
                 self.supervisor.fleet_problem = self.registry.problem

@@ -35,6 +35,11 @@ ANSWER_TIMEOUT_SECONDS = 10.0
 # A list of thousands of workers is a few hundred KiB; more is not a worker list.
 MAX_LIST_BYTES = 4 * 1024 * 1024
 CHUNK_BYTES = 64 * 1024
+# Whoever reaches the router can list thousands of workers: past this many trusted ones
+# the rest are refused (each would cost a connection pool and probes), and of the refused
+# ones only this many are logged one by one per read and shown in the status.
+MAX_WORKERS = 256
+SHOWN_REFUSALS = 20
 
 
 class RegistryError(Exception):
@@ -82,7 +87,9 @@ class RouterLink:
         assert self._session is not None
         timeout = aiohttp.ClientTimeout(total=ANSWER_TIMEOUT_SECONDS)
         try:
-            async with self._session.get(f"{self.root}{path}", timeout=timeout) as response:
+            async with self._session.get(  # a redirect is answered, not followed
+                f"{self.root}{path}", timeout=timeout, allow_redirects=False
+            ) as response:
                 body = await _bounded(response, f"GET {path}")
                 status = response.status
         except TimeoutError:
@@ -182,26 +189,48 @@ class RouterRegistry:
         (while it stays listed)."""
         trusted: list[str] = []
         refused: dict[str, Refusal] = {}
+        new: list[Refusal] = []
         for url in everything:
             reason = self.trust.refusal(url)
+            if reason is None and len(trusted) >= MAX_WORKERS:
+                reason = f"the router lists more than {MAX_WORKERS} trusted workers"
             if reason is None:
                 trusted.append(url)
                 continue
             refused[url] = self.refused.get(url) or Refusal(url, reason, time.time())
             if url not in self.refused:
-                self.log.error(
-                    "engine.worker_refused",
-                    router=self.link.root,
-                    worker=url,
-                    reason=reason,
-                    action="it is sent nothing; if it is not yours, someone reached the "
-                    "router's /workers: close that port to all but its operators",
-                )
+                new.append(refused[url])
         self.refused = refused
+        self._tell_refused(new)
         return trusted
 
+    def _tell_refused(self, new: list[Refusal]) -> None:
+        action = (
+            "it is sent nothing; if it is not yours, someone reached the router's "
+            "/workers: close that port to all but its operators"
+        )
+        for refusal in new[:SHOWN_REFUSALS]:
+            self.log.error(
+                "engine.worker_refused",
+                router=self.link.root,
+                worker=refusal.url,
+                reason=refusal.reason,
+                action=action,
+            )
+        if len(new) > SHOWN_REFUSALS:
+            self.log.error(
+                "engine.workers_refused",
+                router=self.link.root,
+                count=len(new) - SHOWN_REFUSALS,
+                refused=len(self.refused),
+                action=f"they are sent nothing (not logged one by one); {action}",
+            )
+
     def _list_problem(self, listed: list[str]) -> str | None:
-        refused = "; ".join(f"{r.url} refused: {r.reason}" for r in self.refused.values())
+        shown = list(self.refused.values())[:3]
+        refused = "; ".join(f"{r.url} refused: {r.reason}" for r in shown)
+        if len(self.refused) > len(shown):
+            refused += f"; and {len(self.refused) - len(shown)} more refused"
         if not listed and not refused:
             return f"the router at {self.link.root} lists no worker"
         if not listed:

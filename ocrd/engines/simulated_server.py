@@ -17,14 +17,18 @@ for page N is answered 503, as a loaded server refuses one request and serves on
 
 For tests of fleets and ocrd's self-check: with `--answers-test-page` it answers ocrd's test
 page with the text ocrd drew on it, as a model that reads would. It knows the page by its
-pixels (the same as selfcheck.check_page() draws): nothing in ocrd's request tells the test
+pixels (selfcheck.check_page()'s fixed page, or a page selfcheck.draw_check() drew,
+read by CheckReader): nothing in ocrd's request tells the test
 page from a page. With `--garble` it answers everything, the test page too, with
 fluent-looking noise, as vLLM 0.19 answers DeepSeek-OCR-2 (vLLM #39919); with
+`--replays-seen` it reads only its first request, then answers a picture it was sent
+before with that answer and garbles new ones (a server that caches by picture). With
 `--reads-first N` it reads its first N requests and garbles all later ones, as a server
 that guesses which request is the check would. `--record-file` appends one line per request
 it receives (method, path, the Authorization header it was sent), for tests of what a
-server is sent. With `--model NAME` its answers are in that model's format
-(simulated_answers.py), and the test page it knows is that model's.
+server is sent.
+With `--model NAME` its answers, the test page's too, are written in that model's format
+(simulated_answers.py).
 """
 
 from __future__ import annotations
@@ -40,16 +44,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 from aiohttp import web
 from PIL import Image
 
 from ocrd.config import PromptMode
-from ocrd.engines.checkpage import draw_check_page
 from ocrd.engines.recipes import default_model, prompt_for
+from ocrd.engines.selfcheck import COLUMNS, DRAWN_ROWS, TABLE, check_page, expected_text
 from ocrd.engines.simulated import fingerprint
-from ocrd.engines.simulated_answers import page_answer, test_page_answer
+from ocrd.engines.simulated_answers import page_answer, written_as
 from ocrd.models import model as model_named
 
+Pixels = np.ndarray[Any, Any]
 MARK = (255, 0, 255)  # magenta
 MARK_SIDE = 4  # the top-left MARK_SIDE x MARK_SIDE pixels
 CRASH_STATUS = 3
@@ -62,6 +68,77 @@ def marked(image: Image.Image) -> bool:
     return corner.tobytes() == bytes(MARK) * (MARK_SIDE * MARK_SIDE)
 
 
+class CheckReader:
+    """Reads ocrd's drawn test page (selfcheck.draw_check) without a model: every pixel
+    outside the table's body cells is the blank page's, and each cell's pixels are those
+    of one word of its column, drawn there. Anything else is not the test page."""
+
+    def __init__(self) -> None:
+        blank = tuple(("",) * len(TABLE[0]) for _ in range(DRAWN_ROWS))
+        self.blank = np.asarray(check_page((TABLE[0], *blank)))
+        changed = np.zeros(self.blank.shape[:2], dtype=bool)
+        # A page with each column's k-th word in all its cells, for k up to the list's end.
+        self.filled: list[Pixels] = []
+        for k in range(max(len(column) for column in COLUMNS)):
+            row = tuple(column[k % len(column)] for column in COLUMNS)
+            filled = np.asarray(check_page((TABLE[0], *(row,) * DRAWN_ROWS)))
+            changed |= (filled != self.blank).any(axis=2)
+            self.filled.append(filled)
+        self.cells = _cell_boxes(changed, DRAWN_ROWS, len(COLUMNS))
+
+    def read(self, image: Image.Image) -> str | None:
+        """The page's text if `image` is a drawn test page, else None."""
+        if image.size != (self.blank.shape[1], self.blank.shape[0]):
+            return None
+        seen = np.asarray(image.convert("RGB"))
+        outside = seen.copy()
+        for top, bottom, left, right in self.cells.values():
+            outside[top:bottom, left:right] = self.blank[top:bottom, left:right]
+        if not np.array_equal(outside, self.blank):
+            return None
+        rows = []
+        for r in range(DRAWN_ROWS):
+            row = tuple(self._word(seen, r, c) for c in range(len(COLUMNS)))
+            if None in row:
+                return None
+            rows.append(tuple(str(word) for word in row))
+        return expected_text((TABLE[0], *rows))
+
+    def _word(self, seen: Pixels, r: int, c: int) -> str | None:
+        top, bottom, left, right = self.cells[(r, c)]
+        for k, filled in enumerate(self.filled):
+            if k < len(COLUMNS[c]) and np.array_equal(
+                seen[top:bottom, left:right], filled[top:bottom, left:right]
+            ):
+                return COLUMNS[c][k]
+        return None
+
+
+def _cell_boxes(
+    changed: Pixels, rows: int, columns: int
+) -> dict[tuple[int, int], tuple[int, int, int, int]]:
+    """The (top, bottom, left, right) pixel box of each body cell: the rows and columns of
+    pixels that the words ever change, split into runs."""
+    ys = _runs(np.flatnonzero(changed.any(axis=1)))
+    xs = _runs(np.flatnonzero(changed.any(axis=0)), gap=20)  # a word's letters are one run
+    assert (len(ys), len(xs)) == (rows, columns), (ys, xs)
+    return {
+        (r, c): (ys[r][0], ys[r][1] + 1, xs[c][0], xs[c][1] + 1)
+        for r in range(rows)
+        for c in range(columns)
+    }
+
+
+def _runs(indices: Pixels, gap: int = 1) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for index in indices.tolist():
+        if runs and index <= runs[-1][1] + gap:
+            runs[-1] = (runs[-1][0], index)
+        else:
+            runs.append((index, index))
+    return runs
+
+
 class SimulatedReplica:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -71,15 +148,20 @@ class SimulatedReplica:
         self.running = 0
         self.done = 0
         self.refused = False
+        self.seen: dict[str, str] = {}  # each picture's answer (--replays-seen)
         self.recipe = model_named(args.model) if args.model else default_model()
-        self._test_page: Image.Image | None = None
+        # Drawn before serving (a few seconds): a check's answer must not wait on it.
+        self._reader = CheckReader() if args.answers_test_page else None
 
-    def is_test_page(self, image: Image.Image) -> bool:
-        if self._test_page is None:  # the model's test page, as ocrd draws it
-            check = self.recipe.self_check
-            self._test_page = draw_check_page(check.page, check.long_side)
-        test = self._test_page
-        return image.size == test.size and image.convert("RGB").tobytes() == test.tobytes()
+    def read_test_page(self, image: Image.Image) -> str | None:
+        """The text of ocrd's test page (the fixed one, or a drawn one), if it is one."""
+        if self._reader is None:
+            self._reader = CheckReader()
+        if image.size == self._reader.blank.shape[1::-1]:
+            fixed = check_page()
+            if image.convert("RGB").tobytes() == fixed.tobytes():
+                return expected_text()
+        return self._reader.read(image)
 
     @web.middleware
     async def record(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -135,7 +217,8 @@ class SimulatedReplica:
             print(f"simulated replica {self.args.replica}: marked page, exiting", flush=True)
             os._exit(CRASH_STATUS)
         size, digest = image.size, fingerprint(image)
-        test_page = self.args.answers_test_page and self.is_test_page(image)
+        test_text = self.read_test_page(image) if self.args.answers_test_page else None
+        test_page = test_text is not None
         del image
         request_id = request.headers.get("X-Request-Id", "")
         page = _page_number(request_id)
@@ -161,7 +244,7 @@ class SimulatedReplica:
             and self.args.unfinished_every > 0
             and page % self.args.unfinished_every == 0
         )
-        text = self.text(test_page, page, size, digest, mode)
+        text = self.text(test_text, page, size, digest, mode)
         return web.json_response(
             {
                 "object": "chat.completion",
@@ -181,12 +264,33 @@ class SimulatedReplica:
         )
 
     def text(
-        self, test_page: bool, page: int, size: tuple[int, int], digest: str, mode: PromptMode
+        self,
+        test_text: str | None,
+        page: int,
+        size: tuple[int, int],
+        digest: str,
+        mode: PromptMode,
     ) -> str:
         if self.args.garble or (self.args.reads_first and self.done > self.args.reads_first):
             return GARBLE
-        if test_page:
-            return test_page_answer(self.recipe)
+        if self.args.replays_seen and self.done > 1:  # a cache by picture: new ones garbled
+            return self.seen.get(digest, GARBLE)
+        text = self._read(test_text, page, size, digest, mode)
+        if self.args.replays_seen:
+            self.seen[digest] = text
+        return text
+
+    def _read(
+        self,
+        test_text: str | None,
+        page: int,
+        size: tuple[int, int],
+        digest: str,
+        mode: PromptMode,
+    ) -> str:
+        """The answer, written as the model (`--model`) writes a page."""
+        if test_text is not None:
+            return written_as(self.recipe, test_text, size)
         return page_answer(self.recipe, page, size, digest, mode)
 
     def load(self, url: str) -> Image.Image:
@@ -231,6 +335,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--garble", action="store_true")
     parser.add_argument("--answers-file", help="append each answered request's id here")
     parser.add_argument("--reads-first", type=int, default=0, help="then garbles")
+    parser.add_argument(
+        "--replays-seen",
+        action="store_true",
+        help="reads its first request; then answers a picture seen before as it did, "
+        "and garbles new ones",
+    )
     parser.add_argument("--record-file", help="append each request's method, path, key")
     parser.add_argument("--refuse-page-once", type=int, default=0, help="503 its first request")
     parser.add_argument("--model", help="answer as this OCR model writes (ocrd.models' names)")

@@ -14,6 +14,8 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from yarl import URL
+
 from ocrd.config.engine import OpenAiConfig, TrustedEntry, trusted_entry
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -44,6 +46,10 @@ class WorkerTrust:
             return "its URL is not an http(s) URL with a host"
         if parts.username is not None or parts.password is not None:
             return "its URL carries credentials"
+        if parts.query or parts.fragment or "\\" in url:
+            return "its URL carries a query, a fragment or a backslash"
+        if not _read_alike(parts.hostname, port, url):
+            return "its URL names another host or port to the HTTP client than it seems to"
         if self.require_tls and parts.scheme != "https":
             return "it is not https and engine.openai.require_tls is set"
         host = parts.hostname.lower()
@@ -54,6 +60,26 @@ class WorkerTrust:
             f"{host}:{port} is not in engine.openai.trusted_workers; add its host, network "
             "or host:port there if it is yours"
         )
+
+
+def _read_alike(host: str, port: int | None, url: str) -> bool:
+    """Whether aiohttp's URL parser (yarl), which the pages would go by, finds the host and
+    port urlsplit found: a URL two parsers read differently could be trusted under one
+    host and sent to another."""
+    try:
+        spoken = URL(url)
+    except ValueError:
+        return False
+    if spoken.port != (port or DEFAULT_PORTS.get(spoken.scheme)):
+        return False
+    return _same_host(spoken.host or "", host)
+
+
+def _same_host(one: str, other: str) -> bool:
+    try:
+        return ipaddress.ip_address(one) == ipaddress.ip_address(other)
+    except ValueError:
+        return one.lower() == other.lower()
 
 
 def _matches(entry: TrustedEntry, host: str, port: int) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class Waiting:
+class WaitingFronts:
     path: Path
     ready_at: float  # monotonic
     first_seen: float
@@ -26,17 +26,17 @@ class Collator:
     def __init__(self, window_seconds: float, clock: Callable[[], float] = time.monotonic):
         self.window = window_seconds
         self.clock = clock
-        self.fronts: Waiting | None = None
+        self.fronts: WaitingFronts | None = None
 
     def add(self, path: Path, first_seen: float) -> tuple[Path, Path] | None:
         """A file is ready: it becomes the fronts, or completes a pair (fronts, backs)."""
         if self.fronts is None:
-            self.fronts = Waiting(path, self.clock(), first_seen)
+            self.fronts = WaitingFronts(path, self.clock(), first_seen)
             return None
         fronts, self.fronts = self.fronts, None
         return fronts.path, path
 
-    def expired(self) -> Waiting | None:
+    def expired(self) -> WaitingFronts | None:
         """The fronts file whose window has passed without backs, taken out of waiting."""
         if self.fronts is not None and self.clock() - self.fronts.ready_at >= self.window:
             fronts, self.fronts = self.fronts, None

@@ -84,7 +84,7 @@ class Job:
         return self.inbox.shown(self.path)
 
 
-# A file waiting, as `Intake.arriving` and `Dispatcher.queued` list it: since when
+# A file waiting, as `Intake.arriving` and `DocumentDispatcher.queued` list it: since when
 # (monotonic), whether it is ready, and where it is (a path in the inbox, or its job).
 Waiting = tuple[float, bool, Path | Job]
 

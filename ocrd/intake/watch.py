@@ -52,7 +52,7 @@ STAT_RETRY = Backoff(first=1.0, cap=60.0)
 DUE_PER_TICK = 1000
 
 
-class EntryKind(StrEnum):
+class CandidateKind(StrEnum):
     file = "file"
     folder = "folder"  # a scan job's folder
     link = "link"  # a symbolic link, or a path through a linked folder
@@ -63,7 +63,7 @@ class EntryKind(StrEnum):
 class Look:
     """What one look at a candidate found."""
 
-    kind: EntryKind
+    kind: CandidateKind
     signature: tuple[int, ...] = ()  # changes whenever the candidate's content does
     files: int = 1  # files in a job folder
     identity: Identity | None = None  # which file (or folder) it is
@@ -103,13 +103,13 @@ def look_at(path: Path, inbox: Path) -> Look:
     through a linked folder is a link: it leads out of what was dropped. Blocking."""
     info = path.lstat()
     if stat.S_ISLNK(info.st_mode) or link_on_the_way(inbox, path) is not None:
-        return Look(EntryKind.link)
+        return Look(CandidateKind.link)
     identity = Identity.of(info)
     if stat.S_ISREG(info.st_mode):
         signature = (info.st_size, info.st_mtime_ns, info.st_ino)
-        return Look(EntryKind.file, signature, identity=identity)
+        return Look(CandidateKind.file, signature, identity=identity)
     if not stat.S_ISDIR(info.st_mode):
-        return Look(EntryKind.other)
+        return Look(CandidateKind.other)
     files, size, latest = 0, 0, info.st_mtime_ns
     errors: list[OSError] = []
     for root, folders, names in os.walk(path, onerror=errors.append):
@@ -124,7 +124,7 @@ def look_at(path: Path, inbox: Path) -> Look:
             errors.append(error)
             folders.clear()
     totals = (files, size, latest, info.st_ino)
-    return Look(EntryKind.folder, totals, files, identity, _unwalkable(path, errors))
+    return Look(CandidateKind.folder, totals, files, identity, _unwalkable(path, errors))
 
 
 def _unwalkable(job: Path, errors: list[OSError]) -> str | None:
@@ -241,7 +241,7 @@ class QuietTracker:
             if outcome.signature != candidate.signature:
                 candidate.signature, candidate.stable_since = outcome.signature, now
             candidate.identity = outcome.identity
-            folder = outcome.kind is EntryKind.folder
+            folder = outcome.kind is CandidateKind.folder
             empty = folder and outcome.files == 0 and not outcome.unreadable  # not yet begun
             if empty and now - candidate.first_seen >= self.inbox.max_settle_wait_seconds:
                 self.log.info("file.skipped", path=str(path), reason="an empty job folder")
@@ -286,14 +286,14 @@ class QuietTracker:
 
     def _is_page_source(self, path: Path, look: Look) -> bool:
         """A regular file, or a job folder; symlinks and the like are left alone."""
-        if look.kind is EntryKind.file:
+        if look.kind is CandidateKind.file:
             return True
-        if look.kind is EntryKind.folder:
+        if look.kind is CandidateKind.folder:
             relative = path.relative_to(self.inbox.path)
             return job_folder_of(relative, self.inbox, True) == relative
         if path not in self._warned:  # once per path
             self._warned.add(path)
-            kind = "a symbolic link" if look.kind is EntryKind.link else "not a regular file"
+            kind = "a symbolic link" if look.kind is CandidateKind.link else "not a regular file"
             self.log.warning(
                 "file.skipped",
                 path=printable(str(path)),

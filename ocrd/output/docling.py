@@ -37,7 +37,7 @@ from docling_core.types.doc.items.table.table_data import TableCell, TableData
 from docling_core.types.doc.labels import DocItemLabel
 
 from ocrd.domain import Figure, PageResult, PageSource
-from ocrd.text.elements import Element, Kind, elements, formula_text, plain, table_element
+from ocrd.text.elements import Element, ElementKind, elements, formula_text, plain, table_element
 from ocrd.text.grounding import Block, Box
 from ocrd.text.markdown import decode_entities_outside_tables, scrub_tags
 from ocrd.text.plain import FORMULA_LABELS
@@ -143,18 +143,18 @@ class _PageBuilder:
     def element(self, element: Element, boxes: Sequence[Box]) -> DocItem:
         """The item for one element of the page's Markdown."""
         doc, text = self.doc, element.text
-        if element.kind is Kind.heading:
+        if element.kind is ElementKind.heading:
             return self._placed(doc.add_heading(text, level=min(element.level, 6)), boxes, text)
-        if element.kind is Kind.list_item:
+        if element.kind is ElementKind.list_item:
             if self.list_group is None or self.list_ordered != element.ordered:
                 self.list_group, self.list_ordered = doc.add_list_group(), element.ordered
             item = doc.add_list_item(text, enumerated=element.ordered, parent=self.list_group)
             return self._placed(item, boxes, text)
-        if element.kind is Kind.table and element.grid is not None:
+        if element.kind is ElementKind.table and element.grid is not None:
             return self._placed(doc.add_table(table_data(element)), boxes, text)
-        if element.kind is Kind.formula:
+        if element.kind is ElementKind.formula:
             return self._placed(doc.add_formula(text), boxes, text)
-        if element.kind is Kind.code:
+        if element.kind is ElementKind.code:
             return self._placed(doc.add_code(text), boxes, text)
         return self._placed(doc.add_text(DocItemLabel.TEXT, text), boxes, text)
 
@@ -183,7 +183,7 @@ class _PageBuilder:
             self._placed(self.doc.add_formula(text), boxes, text)
         elif label == "table":
             table = table_element(content)
-            self.element(table or Element(Kind.paragraph, plain(content)), boxes)
+            self.element(table or Element(ElementKind.paragraph, plain(content)), boxes)
             self._attach_pending()
         elif label in FOOTNOTE_LABELS:
             text = plain(content)

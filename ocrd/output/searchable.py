@@ -329,16 +329,24 @@ def assemble(
             source.close()
 
 
+@dataclass(frozen=True)
+class PdfSettings:
+    """How a searchable PDF is made: PDF/A-2b with `archive` (Ghostscript given
+    `archive_timeout_seconds`), encrypted inputs opened with `passwords`, the files read
+    beneath `root` (no link followed out of it)."""
+
+    archive: bool = False
+    passwords: Sequence[str] = ()
+    archive_timeout_seconds: float = 600.0
+    root: Path | None = None
+
+
 def write_searchable_pdf(
     files: Sequence[tuple[Path, InputFormat]],
     page_order: Sequence[tuple[int, int]],
     pages: Sequence[PageResult],
     target: Path,
-    *,
-    archive: bool = False,
-    passwords: Sequence[str] = (),
-    archive_timeout_seconds: float = 600.0,
-    root: Path | None = None,
+    settings: PdfSettings = PdfSettings(),
 ) -> SearchablePdfResult:
     """Write the document's searchable PDF to `target` (a new temporary file the caller
     links into place; fsynced here, removed again on failure). Blocking; run it in a render
@@ -346,37 +354,27 @@ def write_searchable_pdf(
 
     `files` and `page_order` are what `ocrd/documents/sources.py` gives (each file with its format;
     (file index, page in file) for each document page in reading order); `pages` the
-    document's recognised pages in the same order; `passwords` those of the inbox, for
-    encrypted PDFs. With `archive`, the file is PDF/A-2b (see `ocrd/output/pdfa.py`); where that
-    cannot be, SearchablePdfError with the validator's findings."""
+    document's recognised pages in the same order; the settings' `passwords` those of the
+    inbox, for encrypted PDFs. With `archive`, the file is PDF/A-2b (see
+    `ocrd/output/pdfa.py`); where that cannot be, SearchablePdfError with the validator's
+    findings."""
     if len(pages) != len(page_order):
         raise SearchablePdfError(
             f"{len(page_order)} pages in the document, but {len(pages)} recognised"
         )
     layers = [page_lines(page) for page in pages]
-    with _held(files, root) as held:
-        return _write(
-            held,
-            page_order,
-            layers,
-            len(pages),
-            target,
-            archive,
-            passwords,
-            archive_timeout_seconds,
-        )
+    with _held(files, settings.root) as held:
+        return _write(held, page_order, layers, target, settings)
 
 
 def _write(
     files: Sequence[tuple[Path, InputFormat]],
     page_order: Sequence[tuple[int, int]],
     layers: Sequence[list[PlacedLine]],
-    count: int,
     target: Path,
-    archive: bool,
-    passwords: Sequence[str],
-    archive_timeout_seconds: float,
+    settings: PdfSettings,
 ) -> SearchablePdfResult:
+    passwords, count = settings.passwords, len(layers)
     assembled = temporary_path(target.parent)  # a killed worker's are swept at start
     try:
         if _whole_pdf(files, page_order, passwords):
@@ -387,8 +385,9 @@ def _write(
         layered, own_text, appended = _layered_copy(base, target, passwords, layers)
         incremental = appended and base is not assembled  # the input's own bytes come first
         route = None
-        if archive:
-            route = _archive(base, target, passwords, layers, layered, archive_timeout_seconds)
+        if settings.archive:
+            timeout = settings.archive_timeout_seconds
+            route = _archive(base, target, passwords, layers, layered, timeout)
             incremental = False
         _fsync(target)
     except BaseException:

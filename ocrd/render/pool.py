@@ -36,7 +36,6 @@ from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.pixels import HANDED_OVER_BYTES
 from ocrd.render.protocol import (
     CutFigures,
-    Failed,
     FiguresCut,
     Open,
     Opened,
@@ -45,6 +44,7 @@ from ocrd.render.protocol import (
     ReadTextLayer,
     Region,
     RenderedPage,
+    RenderFailed,
     RenderLimits,
     RenderPage,
     Reply,
@@ -198,7 +198,7 @@ class RenderWorker:
             ) from None
         if key is not None:
             self._mirror(key, answer)
-        if isinstance(answer, Failed):
+        if isinstance(answer, RenderFailed):
             raise RenderError(answer.message, page=answer.page, code=answer.code)
         if not isinstance(answer, reply):
             raise TypeError(f"a renderer answered {type(answer).__name__} to {request!r}")
@@ -210,7 +210,7 @@ class RenderWorker:
         been the opening, the source is forgotten here: should the child still have it, a
         later request only gets the opening's time besides its own."""
         pages = self.open.pop(key, None)
-        if isinstance(answer, Failed):
+        if isinstance(answer, RenderFailed):
             return
         self.open[key] = answer.pages if isinstance(answer, Opened) else pages
         while len(self.open) > OPEN_SOURCES_PER_WORKER:

@@ -113,7 +113,7 @@ def page_of(request: Request) -> int | None:
 
 
 @dataclass(frozen=True)
-class Ready:
+class WorkerReady:
     """The answer to Ping."""
 
 
@@ -150,7 +150,7 @@ class FiguresCut:
 
 
 @dataclass(frozen=True)
-class Failed:
+class RenderFailed:
     message: str
     page: int | None
     code: RenderFailure
@@ -161,4 +161,4 @@ class PdfWritten:
     result: SearchablePdfResult
 
 
-Reply = Ready | Opened | RenderedPage | TextLayerRead | FiguresCut | PdfWritten | Failed
+Reply = WorkerReady | Opened | RenderedPage | TextLayerRead | FiguresCut | PdfWritten | RenderFailed

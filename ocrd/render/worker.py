@@ -2,7 +2,7 @@
 with an address-space limit, keeping a few sources open.
 
 Whatever a source does (MuPDF's own errors, running out of memory) comes back as a
-`Failed` reply saying what happened to which page; only a crash or a hang ends the worker,
+`RenderFailed` reply saying what happened to which page; only a crash or a hang ends the worker,
 and the daemon's side (`pool.py`) notices that and starts another.
 """
 
@@ -18,27 +18,32 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocrd.domain import InputFormat, TextLayer
-from ocrd.output.searchable import SearchablePdfError, SearchablePdfResult, write_searchable_pdf
+from ocrd.output.searchable import (
+    PdfSettings,
+    SearchablePdfError,
+    SearchablePdfResult,
+    write_searchable_pdf,
+)
 from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.image import RasterSource
 from ocrd.render.pdf import PdfSource
 from ocrd.render.protocol import (
     CutFigures,
-    Failed,
     FiguresCut,
     Open,
     Opened,
     PdfWritten,
     Ping,
     ReadTextLayer,
-    Ready,
     RenderedPage,
+    RenderFailed,
     RenderLimits,
     RenderPage,
     Reply,
     Request,
     SourceKey,
     TextLayerRead,
+    WorkerReady,
     WriteSearchablePdf,
     page_of,
 )
@@ -70,7 +75,7 @@ class _Worker:
     def serve(self, request: Request) -> Reply:
         match request:
             case Ping():
-                return Ready()
+                return WorkerReady()
             case Open(source=key):
                 return Opened(self.source(key).page_count)
             case RenderPage(source=key, page=page, separators=separators, page_file=file):
@@ -118,9 +123,7 @@ class _Worker:
                 request.order,
                 request.pages,
                 request.target,
-                archive=request.archive,
-                passwords=request.passwords,
-                root=request.root,
+                PdfSettings(request.archive, request.passwords, root=request.root),
             )
         except SearchablePdfError as error:
             findings = "; ".join(error.findings[:MAX_FINDINGS_SHOWN])
@@ -131,11 +134,11 @@ class _Worker:
         try:
             return self.serve(request)
         except RenderError as error:
-            return Failed(str(error), error.page, error.code)
+            return RenderFailed(str(error), error.page, error.code)
         except Exception as error:  # MemoryError, MuPDF's own errors, anything else
             return self.failure(error, page_of(request))
 
-    def failure(self, error: Exception, page: int | None) -> Failed:
+    def failure(self, error: Exception, page: int | None) -> RenderFailed:
         import pymupdf
 
         # MuPDF reports a failed allocation as a system error (its "malloc ... failed").
@@ -145,8 +148,8 @@ class _Worker:
                 f"rendering {where} needs more than the {self.limits.memory_limit_mb} MB "
                 "a renderer may use (pipeline.render_memory_limit_mb)"
             )
-            return Failed(message, page, RenderFailure.out_of_memory)
-        return Failed(f"{type(error).__name__}: {error}", page, RenderFailure.error)
+            return RenderFailed(message, page, RenderFailure.out_of_memory)
+        return RenderFailed(f"{type(error).__name__}: {error}", page, RenderFailure.error)
 
 
 def worker_main(

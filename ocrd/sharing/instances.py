@@ -113,7 +113,21 @@ class Lease:
 
 
 class LeaseListener(Protocol):
-    """What the daemon does when a lease is lost, taken anew, or brings claims over."""
+    """What the daemon does when a lease is lost, taken anew, or brings claims over, or
+    when it cannot be kept at all; and which work areas it serves."""
+
+    def serves(self, work: Path) -> bool:
+        """Whether the daemon serves a work area still (an inbox removed by a reload keeps
+        its lease until the daemon stops, but takes nothing over)."""
+        ...
+
+    def lease_conflict(self, error: LeaseConflict) -> None:
+        """Two daemons were given one name: the daemon ends (exit 78)."""
+        ...
+
+    def lease_failed(self, error: BaseException) -> None:
+        """A bug in keeping a lease: the daemon ends (exit 70)."""
+        ...
 
     async def lease_lost(self, work: Path, reason: str) -> list[str]:
         """Stop every document of the work area's claims (they write nothing more); return
@@ -151,18 +165,12 @@ class Instances:
     """This daemon's leases in every work area it serves, renewed in the background from
     the moment it starts (before the engine loads) until it stops."""
 
-    def __init__(self, name: str, config: InstancesConfig) -> None:
+    def __init__(self, name: str, config: InstancesConfig, listener: LeaseListener) -> None:
         self.name = name
         self.config = config
+        self.listener = listener
         self.areas: dict[Path, Area] = {}
-        self.listener: LeaseListener | None = None
         self.take_over_from: float | None = None  # monotonic; None: not serving yet
-        # Two daemons given one name (exit 78), or a bug in keeping a lease (exit 70).
-        self.on_conflict: Callable[[LeaseConflict], None] = lambda _: None
-        self.on_fatal: Callable[[BaseException], None] = lambda _: None
-        # Whether the daemon serves a work area still (an inbox removed by a reload keeps
-        # its lease until the daemon stops, but takes nothing over).
-        self.serves: Callable[[Path], bool] = lambda _: True
         self.log = get_logger(instance=name)
 
     def claims_folder(self, work: Path) -> Path:
@@ -264,7 +272,7 @@ class Instances:
                 await self._upkeep(area)
             except Exception as error:  # a bug: without its lease the daemon would idle
                 self.log.exception("instance.failed", work=str(area.work))
-                self.on_fatal(error)
+                self.listener.lease_failed(error)
                 return
 
     async def _upkeep(self, area: Area) -> None:
@@ -278,7 +286,7 @@ class Instances:
         take_over = (
             self.take_over_from is not None
             and began >= self.take_over_from
-            and self.serves(area.work)
+            and self.listener.serves(area.work)
         )
         try:
             now = await asyncio.to_thread(area.folder.renew, area.holder)
@@ -286,7 +294,7 @@ class Instances:
             await self._lost(area, str(lost))
             return
         except LeaseConflict as conflict:
-            self.on_conflict(conflict)
+            self.listener.lease_conflict(conflict)
             return
         except OSError as error:
             self._renewal_failed(area, began, error)
@@ -328,9 +336,7 @@ class Instances:
         area.lease.end(reason)
         area.lost += 1
         area.problem = f"LEASE LOST on {area.work} ({reason}); taking a new one"
-        given_up: list[str] = []
-        if self.listener is not None:
-            given_up = await self.listener.lease_lost(area.work, reason)
+        given_up = await self.listener.lease_lost(area.work, reason)
         self.log.error(
             "instance.lease_lost",
             work=str(area.work),
@@ -342,10 +348,9 @@ class Instances:
         try:
             await self._acquire(area, None)
         except LeaseConflict as conflict:
-            self.on_conflict(conflict)
+            self.listener.lease_conflict(conflict)
             return
-        if self.listener is not None:
-            await self.listener.lease_regained(area.work)
+        await self.listener.lease_regained(area.work)
 
     async def _took_over(self, area: Area, taken: TakenOver) -> None:
         area.taken_from[taken.owner] = area.taken_from.get(taken.owner, 0) + len(taken.folders)
@@ -356,8 +361,8 @@ class Instances:
             lease_age_seconds=taken.lease_age,  # unrounded: the figure the rule decided on
             claims=[folder.name for folder in taken.folders],
         )
-        if self.listener is not None:  # also without claims: it sweeps what the dead one left
-            await self.listener.claims_taken_over(area.work, taken)
+        # also without claims: it sweeps what the dead one left
+        await self.listener.claims_taken_over(area.work, taken)
 
     # --- reporting ---------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ _FORMULA_CLOSE = {"$$": "$$", "\\[": "\\]"}
 _TABLE_END = re.compile(r"</table>", re.IGNORECASE)
 
 
-class Kind(StrEnum):
+class ElementKind(StrEnum):
     heading = "heading"
     paragraph = "paragraph"
     list_item = "list_item"
@@ -34,7 +34,7 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class Element:
-    kind: Kind
+    kind: ElementKind
     text: str
     level: int = 1  # a heading's level (1 for `#`), a list item's nesting (0 at the margin)
     ordered: bool = False  # a numbered list item
@@ -67,7 +67,7 @@ def table_element(text: str) -> Element | None:
     if not grid.cells:
         return None
     caption = " ".join(cell.text for cell in grid.cells)
-    return Element(Kind.table, caption, grid=grid)
+    return Element(ElementKind.table, caption, grid=grid)
 
 
 class _Reader:
@@ -104,7 +104,7 @@ class _Reader:
             elif stripped.startswith(_FORMULA_OPEN):
                 opening = "$$" if stripped.startswith("$$") else "\\["
                 body = self.take_until(_FORMULA_CLOSE[opening], include=stripped != opening)
-                self.found.append(Element(Kind.formula, formula_text("\n".join(body))))
+                self.found.append(Element(ElementKind.formula, formula_text("\n".join(body))))
             elif "<table" in stripped.lower():
                 body = self.take_until(_TABLE_END)
                 self._table("\n".join(body))
@@ -117,24 +117,26 @@ class _Reader:
             elif heading := _HEADING.match(stripped):
                 self.at += 1
                 self.found.append(
-                    Element(Kind.heading, plain(heading.group(2)), len(heading.group(1)))
+                    Element(ElementKind.heading, plain(heading.group(2)), len(heading.group(1)))
                 )
             elif item := _LIST_ITEM.match(line):
                 self.at += 1
                 depth = len(item.group(1).expandtabs(4)) // 2
                 ordered = item.group(2)[0].isdigit()
-                self.found.append(Element(Kind.list_item, plain(item.group(3)), depth, ordered))
+                self.found.append(
+                    Element(ElementKind.list_item, plain(item.group(3)), depth, ordered)
+                )
             else:
                 self._paragraph()
         return [element for element in self.found if element.text or element.grid]
 
     def _code(self) -> None:
         body = self.take_until("```", include=False)
-        self.found.append(Element(Kind.code, "\n".join(body[1:-1] if len(body) > 1 else [])))
+        self.found.append(Element(ElementKind.code, "\n".join(body[1:-1] if len(body) > 1 else [])))
 
     def _table(self, text: str) -> None:
         element = table_element(text)
-        self.found.append(element or Element(Kind.paragraph, plain(text)))
+        self.found.append(element or Element(ElementKind.paragraph, plain(text)))
 
     def _paragraph(self) -> None:
         """Lines up to a blank line or the start of another kind of element."""
@@ -152,7 +154,7 @@ class _Reader:
                 break
             taken.append(_QUOTE.sub("", line))
             self.at += 1
-        self.found.append(Element(Kind.paragraph, plain(" ".join(taken))))
+        self.found.append(Element(ElementKind.paragraph, plain(" ".join(taken))))
 
 
 def elements(markdown: str) -> list[Element]:

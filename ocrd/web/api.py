@@ -90,16 +90,30 @@ class ErrorBody(BaseModel):
     status_url: str | None = None
 
 
-def presented_token(request: web.Request) -> str:
-    """The bearer token, or docling-serve's `X-Api-Key` (its clients send that), or
-    `?token=` (a browser)."""
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return given or request.headers.get("X-Api-Key", "").strip() or request.query.get("token", "")
+def presented_tokens(request: web.Request) -> list[str]:
+    """Every token the request carries: a bearer token, docling-serve's `X-Api-Key` (its
+    clients send that), `?token=` (a browser)."""
+    found = []
+    if "Authorization" in request.headers:
+        found.append(request.headers["Authorization"].removeprefix("Bearer ").strip())
+    if "X-Api-Key" in request.headers:
+        found.append(request.headers["X-Api-Key"].strip())
+    if "token" in request.query:
+        found.append(request.query["token"])
+    return found
 
 
 def token_matches(request: web.Request, token: str | None) -> bool:
-    return token is not None and hmac.compare_digest(
-        presented_token(request).encode(errors="surrogateescape"), token.encode()
+    """Whether the request carries the token, and no wrong one beside it (a client sending
+    two that disagree is refused, whichever is right)."""
+    presented = presented_tokens(request)
+    return (
+        token is not None
+        and bool(presented)
+        and all(
+            hmac.compare_digest(given.encode(errors="surrogateescape"), token.encode())
+            for given in presented
+        )
     )
 
 

@@ -118,7 +118,8 @@ class DoclingApi:
     """The routes of docling-serve's API, over the documents API's uploads."""
 
     def __init__(self, api: Uploading, tasks: Tasks, config: HttpConfig) -> None:
-        self.api = api
+        self.bodies = api.bodies  # read as an upload's, under the same limits
+        self.token = api.token
         self.tasks = tasks
         self.config = config
         self.log = get_logger()
@@ -139,15 +140,15 @@ class DoclingApi:
     # --- admitting and receiving -------------------------------------------------------------
 
     def _inbox(self) -> InboxConfig:
-        return self.api.uploads.inbox_for(self.config.docling.inbox)
+        return self.bodies.uploads.inbox_for(self.config.docling.inbox)
 
     def _admit(self, request: web.Request, slack: int) -> InboxConfig:
         """The inbox a task goes to; UploadRefused where the headers already say no."""
-        if self.api.token is None:
+        if self.token is None:
             raise UploadRefused(
                 403, f"converting needs a token, and {self.config.token_env} is not set"
             )
-        if not token_matches(request, self.api.token):
+        if not token_matches(request, self.token):
             raise UploadRefused(
                 401, "converting needs the token (X-Api-Key or Authorization: Bearer)"
             )
@@ -196,14 +197,14 @@ class DoclingApi:
         fields: dict[str, list[str]] = {}
         try:
             reader = await request.multipart()
-            while (part := await self.api._idle_limited(reader.next)) is not None:
+            while (part := await self.bodies.idle_limited(reader.next)) is not None:
                 if not isinstance(part, BodyPartReader):
                     continue
                 if part.name == "files":
                     return await self._stream(request, inbox, reader, part, fields)
                 if sum(map(len, fields.values())) >= MAX_FIELDS:
                     raise UploadRefused(422, "too many form fields")
-                fields.setdefault(part.name or "", []).append(await self.api._field(part))
+                fields.setdefault(part.name or "", []).append(await self.bodies.field(part))
         except (ValueError, AssertionError, HttpProcessingError) as malformed:  # aiohttp's parser
             raise UploadRefused(400, f"the multipart body is malformed: {malformed}") from None
         raise UploadRefused(400, "no file: send it as the multipart field 'files'")
@@ -220,21 +221,18 @@ class DoclingApi:
         self._form_options(fields, name)  # refused before the file is read, where it can be
 
         async def before_commit(receiving: Receiving) -> None:
-            while (more := await self.api._idle_limited(reader.next)) is not None:
+            while (more := await self.bodies.idle_limited(reader.next)) is not None:
                 if not isinstance(more, BodyPartReader):
                     continue
                 if more.name == "files":
                     raise UploadRefused(422, "one file per request: send each on its own")
-                fields.setdefault(more.name or "", []).append(await self.api._field(more))
+                fields.setdefault(more.name or "", []).append(await self.bodies.field(more))
             record = self._form_options(fields, name)
             await asyncio.to_thread(write_record, receiving.folder, record)
             await asyncio.to_thread(register, inbox, receiving.id, record)
 
         read = functools.partial(part.read_chunk, READ_BYTES)
-        stored, _ = await self.api._store(
-            request, str(inbox.path), part.filename, read, before_commit
-        )
-        return stored
+        return await self.bodies.store(str(inbox.path), part.filename, read, before_commit)
 
     def _form_options(self, fields: dict[str, list[str]], name: str) -> TaskOptions:
         options = dict(fields)
@@ -249,7 +247,7 @@ class DoclingApi:
         limit = self.config.max_upload_bytes * 4 // 3 + JSON_OVERHEAD
         with tempfile.TemporaryFile(dir=inbox.work) as spool:  # ocrd's alone, as uploads are
             payload = await read_json_body(
-                lambda: self.api._idle_limited(lambda: request.content.read(READ_BYTES)),
+                lambda: self.bodies.idle_limited(lambda: request.content.read(READ_BYTES)),
                 spool,
                 limit,
                 JSON_OVERHEAD,
@@ -280,7 +278,7 @@ class DoclingApi:
         raise UploadRefused(422, f"source kind {kind!r} is not served (file, http)")
 
     def _write(self, inbox: InboxConfig, fetched: Fetched, record: TaskOptions) -> Receiving:
-        receiving = self.api.uploads.begin(inbox, clean_filename(fetched.name), fetched.name)
+        receiving = self.bodies.uploads.begin(inbox, clean_filename(fetched.name), fetched.name)
         try:
             for piece in fetched.pieces():
                 receiving.write(piece)
@@ -406,7 +404,7 @@ class DoclingApi:
         return web.json_response({"status": "ok"})
 
     def _admit_anyone(self) -> None:
-        if self.api.token is None:
+        if self.token is None:
             raise UploadRefused(
                 403, f"converting needs a token, and {self.config.token_env} is not set"
             )

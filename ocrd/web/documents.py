@@ -361,9 +361,9 @@ class Documents:
         self.config = config
 
     def follow(self, runner: DocumentRunner) -> None:
-        """Progress from the documents in flight; settlements as they happen."""
+        """Progress from the documents in flight (settlements come to `document_finished`,
+        which the runner is given when it is made)."""
         self.in_flight = runner.in_flight
-        runner.on_finished.append(self.document_finished)
 
     # --- finding documents -------------------------------------------------------------
 

@@ -209,7 +209,13 @@ def _instance_metrics(report: StatusReport) -> Iterator[Metric]:
 
 
 class Metrics:
-    def __init__(self, report: Callable[[], StatusReport]) -> None:
+    def __init__(
+        self,
+        report: Callable[[], StatusReport],
+        replica_metrics: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        """`replica_metrics`: the engine's replicas' own metrics (empty before there is
+        an engine)."""
         self.registry = CollectorRegistry()
         registry = self.registry
         self.documents = Counter(
@@ -277,8 +283,7 @@ class Metrics:
             registry=registry,
         )
         registry.register(_StateCollector(report))
-        # The engine's replicas' own metrics, once the engine exists.
-        self.replica_metrics: Callable[[], Awaitable[str]] | None = None
+        self.replica_metrics = replica_metrics
 
     def page_done(self, page: PageResult) -> None:
         prompt = page.prompt.value if page.source is PageSource.engine else page.source.value

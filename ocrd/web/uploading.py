@@ -14,11 +14,9 @@ before the file is committed, the last step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import BodyPartReader, ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -27,14 +25,13 @@ from ocrd.config import HttpConfig
 from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
 from ocrd.log import get_logger
-from ocrd.uploads.receiving import Receiving, UploadRefused, clean_filename
+from ocrd.uploads.receiving import Receiving, UploadRefused
 from ocrd.uploads.uploads import Uploads
 from ocrd.web.api import READ_BYTES, UploadAccepted, document_url, error, token_matches
+from ocrd.web.bodies import RequestBodies
 from ocrd.web.documents import DocumentState
 
-WRITE_BYTES = 1024 * 1024  # written to disk at a time, in a thread
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers beyond the file's bytes
-MAX_FIELD_BYTES = 4096  # a form field other than the file
 
 
 class Uploading:
@@ -44,6 +41,7 @@ class Uploading:
         self.uploads = uploads
         self.config = config
         self.token = token
+        self.bodies = RequestBodies(uploads, config)
         self.log = get_logger()
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
@@ -65,13 +63,7 @@ class Uploading:
             raise UploadRefused(400, "the body is empty: send the file")
         slack = MULTIPART_OVERHEAD if request.content_type == "multipart/form-data" else 0
         if length is not None and length > self.config.max_upload_bytes + slack:
-            raise UploadRefused(413, self._too_large())
-
-    def _too_large(self) -> str:
-        return (
-            f"the file is larger than this server takes (max_upload_mb: "
-            f"{self.config.max_upload_mb:g})"
-        )
+            raise UploadRefused(413, self.bodies.too_large())
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: refuse before the client sends its body, where the
@@ -167,7 +159,7 @@ class Uploading:
         try:
             reader = await request.multipart()
             while True:
-                part = await self._idle_limited(reader.next)
+                part = await self.bodies.idle_limited(reader.next)
                 if part is None:
                     raise UploadRefused(
                         400, "no file: send it as the multipart field 'file' (curl -F file=@NAME)"
@@ -175,31 +167,12 @@ class Uploading:
                 if not isinstance(part, BodyPartReader):
                     continue  # a nested multipart body: not ours
                 if part.name == "inbox" and part.filename is None:
-                    inbox_name = await self._field(part)
+                    inbox_name = await self.bodies.field(part)
                 elif part.name == "file":
                     read = functools.partial(part.read_chunk, READ_BYTES)
                     return await self._store(request, inbox_name, part.filename, read)
         except (ValueError, AssertionError, HttpProcessingError) as malformed:  # aiohttp's parser
             raise UploadRefused(400, f"the multipart body is malformed: {malformed}") from None
-
-    async def _field(self, part: BodyPartReader) -> str:
-        value = b""
-        while chunk := await self._idle_limited(lambda: part.read_chunk(MAX_FIELD_BYTES)):
-            value += chunk
-            if len(value) > MAX_FIELD_BYTES:
-                raise UploadRefused(400, f"the form field {part.name!r} is too long")
-        return value.decode("utf-8", "replace")
-
-    async def _idle_limited(self, read: Callable[[], Awaitable[Any]]) -> Any:
-        """`read()`, unless the client sends nothing for `header_timeout_seconds`."""
-        idle = self.config.header_timeout_seconds
-        try:
-            async with asyncio.timeout(idle):
-                return await read()
-        except TimeoutError:
-            raise UploadRefused(
-                408, f"nothing arrived for {idle:g} s (header_timeout_seconds); dropped"
-            ) from None
 
     async def _store(
         self,
@@ -207,36 +180,13 @@ class Uploading:
         inbox_name: str | None,
         filename: str | None,
         read: Callable[[], Awaitable[bytes]],
-        before_commit: Callable[[Receiving], Awaitable[None]] | None = None,
     ) -> tuple[Receiving, web.Response]:
-        """Stream the file into its inbox, and its answer; whatever goes wrong, nothing is
-        left there. The answer is made before the commit, which is the last step;
-        `before_commit` runs once the file is complete and before it is in the inbox (a
-        task's record is written then)."""
-        inbox = self.uploads.inbox_for(inbox_name)
-        name = clean_filename(filename)
-        receiving = await asyncio.to_thread(self.uploads.begin, inbox, name, filename)
-        limit = self.config.max_upload_bytes
-        try:
-            pending = bytearray()
-            while chunk := await self._idle_limited(read):
-                if receiving.size + len(pending) + len(chunk) > limit:
-                    raise UploadRefused(413, self._too_large())
-                pending += chunk
-                if len(pending) >= WRITE_BYTES:
-                    await asyncio.to_thread(receiving.write, pending)
-                    pending = bytearray()
-            if pending:
-                await asyncio.to_thread(receiving.write, pending)
-            if receiving.size == 0:
-                raise UploadRefused(400, "the file is empty")
-            answer = self._accepted(request, receiving)
-            if before_commit is not None:
-                await before_commit(receiving)
-            await asyncio.to_thread(receiving.commit)
-        except BaseException:
-            cleanup = asyncio.ensure_future(asyncio.to_thread(receiving.abort))
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.shield(cleanup)  # finished even if this task is cancelled
-            raise
-        return receiving, answer
+        """Stream the file into its inbox, and its answer, made before the commit, which
+        is the last step; whatever goes wrong, nothing is left there."""
+        answers: list[web.Response] = []
+
+        async def answer(receiving: Receiving) -> None:
+            answers.append(self._accepted(request, receiving))
+
+        receiving = await self.bodies.store(inbox_name, filename, read, answer)
+        return receiving, answers[0]
