@@ -106,13 +106,12 @@ def format_status(report: StatusReport) -> str:
         lines.append(f"engine replicas: {report.engine_summary}")
         for replica in report.replicas:
             device = f" on {replica.device}" if replica.device else ""
-            device += f" serving {replica.model}" if replica.model else ""
             check = f", self-check {replica.self_check_words()}"
             problem = f": {replica.problem}" if replica.problem else ""
             lines.append(
                 f"  {replica.name}{device} {replica.state}, {replica.in_flight}/"
                 f"{replica.capacity} in flight, {replica.pages_done} done, "
-                f"{replica.restarts} restarts{check}{problem}"
+                f"{replica.restarts} restarts{_served(replica.model)}{check}{problem}"
             )
     for inbox in report.inboxes:
         watching = "" if inbox.watching else " (not watched)"
@@ -147,3 +146,8 @@ def format_status(report: StatusReport) -> str:
             f"({finished.pages} pages, {finished.seconds:.1f} s): {detail}"
         )
     return "\n".join(lines)
+
+
+def _served(model: str | None) -> str:
+    """The OCR model a replica serves, after its counts."""
+    return f", serving {model}" if model else ""
