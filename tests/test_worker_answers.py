@@ -10,6 +10,8 @@ its pixels) as a good server would, and every other page with what an attacker s
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import threading
 from collections.abc import Awaitable, Callable
@@ -20,14 +22,15 @@ import httpx
 import pytest
 from aiohttp import web
 from conftest import files_under, markdown_under, write_config
-from fleet import _is_test_page as is_test_page
 from fleet import free_port
 from helpers import make_pdf
+from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from ocrd.config import PromptMode, SamplingConfig
 from ocrd.domain import PageResult, PageText
 from ocrd.engines.sending import answer_limits
+from ocrd.engines.simulated_server import CheckReader
 from ocrd.output.page import figure_plan
 from ocrd.text.grounding import MAX_BLOCKS, parse_page
 
@@ -51,6 +54,7 @@ class HostileWorker:
         self.pages = pages
         self.metrics = metrics
         self.page_requests = 0
+        self._reader: CheckReader | None = None  # made at the first page
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -91,12 +95,18 @@ class HostileWorker:
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        if await asyncio.to_thread(is_test_page, body):  # known by its pixels
-            from ocrd.engines.selfcheck import expected_text
-
-            return web.json_response(completion(expected_text()))
+        test_text = await asyncio.to_thread(self._test_page_text, body)  # by its pixels
+        if test_text is not None:
+            return web.json_response(completion(test_text))
         self.page_requests += 1
         return await self.pages(request)
+
+    def _test_page_text(self, body: dict[str, Any]) -> str | None:
+        if self._reader is None:
+            self._reader = CheckReader()
+        content = body["messages"][0]["content"]
+        url = next(part["image_url"]["url"] for part in content if part["type"] == "image_url")
+        return self._reader.read(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))))
 
 
 def completion(text: str) -> dict[str, Any]:
