@@ -156,6 +156,7 @@ class PageImage:
     height_pt: float
     blank: bool = False  # nothing on it at this resolution (a scanned back, a separator)
     separator: SeparatorMark | None = None  # with split_on: whether it separates documents
+    model: str | None = None  # the OCR model its inbox chose (None: the engine's only one)
 
     @property
     def info(self) -> PageInfo:
@@ -198,6 +199,9 @@ class PageText:
     engine_interval: tuple[float, float] | None = None
     # Blocks the engine found itself (RapidOCR's lines); None: parse them from `text`.
     blocks: tuple[Block, ...] | None = None
+    # The OCR model that wrote `text` (its parser reads it); None: no model's (RapidOCR)
+    # or an older journal's, read as grounded Markdown.
+    model: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -372,6 +376,7 @@ class DocumentSummary:
     page: int | None = None
     reason: str | None = None
     code: str | None = None  # a short reason for metrics
+    model: str | None = None  # the OCR model its inbox chose when it started
     error_report: str | None = None
     finished_at: float = 0.0  # wall-clock seconds
 
@@ -405,6 +410,8 @@ class DocumentSummary:
             "seconds": round(self.seconds, 3),
             "original": self.original,
         }
+        if self.model:
+            common["model"] = self.model
         if self.renamed:
             common["renamed"] = self.renamed
         if self.outcome is Outcome.failed:

@@ -305,6 +305,7 @@ class Service:
             instances=self.instances.report(inbox.config.work),
             uploads=inbox.config.uploads,
             uploads_problem=self.web.uploads.unusable.get(root) if self.web.uploads else None,
+            model=inbox.config.model,
         )
 
 
@@ -326,6 +327,7 @@ def replica_status(facts: ReplicaFacts) -> ReplicaStatus:
         self_check_state=_self_check_state(facts),
         problem=facts.problem,
         pid=facts.pid,
+        model=facts.model,
     )
 
 

@@ -27,6 +27,7 @@ class DocumentProgress(BaseModel):
     seconds: float
     eta_seconds: float | None
     alone: bool = False
+    model: str | None = None  # the OCR model reading it
 
 
 class BlockedFile(BaseModel):
@@ -63,6 +64,7 @@ class InboxStatus(BaseModel):
     instances: list[InstanceStatus] = []  # the daemons sharing its work area
     uploads: bool = False  # it takes uploads
     uploads_problem: str | None = None  # why its uploads folder cannot be used
+    model: str | None = None  # the OCR model its new documents are read by
 
 
 class FinishedDocument(BaseModel):
@@ -78,6 +80,7 @@ class FinishedDocument(BaseModel):
     error_report: str | None = None
     markdown: str | None = None
     pages_without_text: list[int] = []  # pages with content from which no text came
+    model: str | None = None  # the OCR model that read it
 
     @classmethod
     def of(cls, summary: DocumentSummary) -> FinishedDocument:
@@ -94,6 +97,7 @@ class FinishedDocument(BaseModel):
             error_report=printable(summary.error_report) if summary.error_report else None,
             markdown=printable(summary.markdown) if summary.markdown else None,
             pages_without_text=summary.pages_without_text,
+            model=summary.model,
         )
 
 
@@ -127,6 +131,7 @@ class ReplicaStatus(BaseModel):
 
     problem: str | None
     pid: int | None
+    model: str | None = None  # the OCR model it serves
 
 
 class StatusReport(BaseModel):

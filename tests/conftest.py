@@ -36,6 +36,7 @@ REAL_VLLM_MODULES = (
     "test_openai_engine.py",
     "test_vllm_engine.py",
     "test_tiny_models.py",
+    "test_models_per_inbox_vllm.py",
 )
 LONGEST_MODULES_FIRST = (  # by their time in a two-worker run (BENCHMARKS.md, "The test suite")
     *REAL_VLLM_MODULES,

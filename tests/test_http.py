@@ -60,7 +60,12 @@ def test_metrics_health_and_readiness_follow_the_work(tmp_path: Path, start_daem
     inbox_label = str(inbox)
     assert (
         metric(
-            metrics, "ocrd_documents_finished_total", inbox=inbox_label, outcome="done", stage=""
+            metrics,
+            "ocrd_documents_finished_total",
+            inbox=inbox_label,
+            outcome="done",
+            stage="",
+            model="deepseek-ocr-2",
         )
         == 1
     )
@@ -71,11 +76,19 @@ def test_metrics_health_and_readiness_follow_the_work(tmp_path: Path, start_daem
             inbox=inbox_label,
             outcome="failed",
             stage="detect",
+            model="deepseek-ocr-2",
         )
         == 1
     )
     assert (
-        metric(metrics, "ocrd_pages_recognised_total", finish_reason="stop", prompt="layout") == 3
+        metric(
+            metrics,
+            "ocrd_pages_recognised_total",
+            finish_reason="stop",
+            prompt="layout",
+            model="deepseek-ocr-2",
+        )
+        == 3
     )
     assert metric(metrics, "ocrd_render_failures_total", reason="unsupported") == 1
     assert metric(metrics, "ocrd_document_seconds_count", pages="2-10") == 1

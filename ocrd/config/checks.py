@@ -21,7 +21,18 @@ from ocrd.files.permissions import (
 
 def problems(config: Config, create: bool = True) -> list[str]:
     """Every reason not to start, each a line saying what and why."""
-    return check_folders(config, create) + check_http(config)
+    return check_folders(config, create) + check_http(config) + check_models(config)
+
+
+def check_models(config: Config) -> list[str]:
+    """Inboxes that name a model no engine serves, each a line saying what to do."""
+    served = config.engine.served_models
+    return [
+        f"inbox {inbox.path} names the model {inbox.model!r}, which no engine serves "
+        f"(served: {', '.join(served)}); add it under engine.models, or name a served model"
+        for inbox in config.inboxes
+        if inbox.model not in served
+    ]
 
 
 def check_folders(config: Config, create: bool = True) -> list[str]:

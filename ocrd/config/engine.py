@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
@@ -188,8 +188,30 @@ class SupervisionConfig(Strict):
     stop_grace_seconds: Annotated[float, Field(ge=0)] = 20.0  # SIGTERM, then SIGKILL
 
 
+EngineKind = Literal["auto", "vllm", "openai", "rapidocr", "simulated"]
+DEFAULT_MODEL = "deepseek-ocr-2"  # ocrd.models.DEFAULT (config sits below the models)
+
+
+class ModelServing(Strict):
+    """How one more OCR model is served (`engine.models.<name>`): only what differs from
+    the engine section's own settings, which are inherited (an in-process vLLM engine per
+    model needs its own `vllm.gpu_memory_utilization` share, or its own `vllm.gpus`; a
+    remote model its own `openai.base_urls` or `openai.router_url`)."""
+
+    kind: EngineKind | None = None
+    self_check: Literal["auto"] | bool | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    vllm: dict[str, Any] = Field(default_factory=dict)
+    openai: dict[str, Any] = Field(default_factory=dict)
+    simulated: dict[str, Any] = Field(default_factory=dict)
+
+
 class EngineConfig(Strict):
-    kind: Literal["auto", "vllm", "openai", "rapidocr", "simulated"] = "auto"
+    kind: EngineKind = "auto"
+    # The OCR model this section's own settings serve (ocrd.models' names); each entry of
+    # `models` serves one more, with its settings given there.
+    model: str = DEFAULT_MODEL
+    models: dict[str, ModelServing] = Field(default_factory=dict)
     # Every replica or server reads ocrd's test page before it gets pages (and after each
     # restart or reconnection). `auto`: on, except for the simulated engine and for
     # `vllm.load_format: dummy` (random weights read nothing).
@@ -208,3 +230,38 @@ class EngineConfig(Strict):
         if kind == "simulated" or kind == "rapidocr":
             return False
         return not (kind == "vllm" and self.vllm.load_format == "dummy")
+
+    @model_validator(mode="after")
+    def _models_make_engines(self) -> EngineConfig:
+        for name in self.models:
+            self.for_model(name)  # each model's merged settings must be valid
+        return self
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        """The models some engine serves: this section's own, then those of `models`."""
+        return (self.model, *(name for name in self.models if name != self.model))
+
+    def for_model(self, name: str) -> EngineConfig:
+        """The settings of the engine that serves model `name`: this section's, with its
+        entry in `models` laid over them (settings not set there are inherited; a setting
+        left unset stays unset, so that the model's own recipe decides it)."""
+        if name == self.model and name not in self.models:
+            return self.model_copy(update={"models": {}})
+        serving = self.models[name]
+        merged = self.model_dump(exclude_unset=True, exclude={"models", "model"})
+        if serving.kind is not None:
+            merged["kind"] = serving.kind
+        if serving.self_check is not None:
+            merged["self_check"] = serving.self_check
+        for part in ("sampling", "vllm", "openai", "simulated"):
+            inherited = dict(merged.get(part, {}))
+            if part in ("vllm", "openai"):
+                inherited.pop("model", None)  # another model's weights: never inherited
+                if part == "openai" and "router_url" in getattr(serving, part):
+                    inherited.pop("base_urls", None)
+            merged[part] = {**inherited, **getattr(serving, part)}
+        try:
+            return EngineConfig.model_validate({**merged, "model": name})
+        except ValueError as error:
+            raise ValueError(f"models.{name}: {error}") from None

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from ocrd.config.base import Strict, absolute_path
-from ocrd.config.engine import PromptMode
+from ocrd.config.engine import DEFAULT_MODEL, PromptMode
 
 UPLOADS_FOLDER = "uploads"  # under an inbox with `uploads: true`: `uploads/<id>/<name>`
 
@@ -98,6 +98,9 @@ class DocumentOptions(Strict):
     takes with it when it starts (a reload changes them for documents not yet started)."""
 
     prompt: PromptMode = PromptMode.layout
+    # The OCR model that reads the pages (ocrd.models' names); an engine must serve it
+    # (`engine.model`, or an entry of `engine.models`).
+    model: str = DEFAULT_MODEL
     dpi: Annotated[int, Field(ge=36, le=600)] = 144
     figure_dpi: Annotated[int, Field(ge=36, le=1200)] | None = None  # None: twice `dpi`
     max_image_side: Annotated[int, Field(ge=256, le=10000)] = 2048

@@ -37,6 +37,28 @@ class ReloadPlan:
     refused: list[str] = field(default_factory=list)  # one line each, for the log
 
 
+def _served_by(
+    old: Config, inboxes: dict[Path, InboxConfig], refused: list[str]
+) -> dict[Path, InboxConfig]:
+    """The inboxes, each with a model the running engines serve: an inbox whose new model
+    they do not serve keeps its old settings (a new one is not added), with a line why."""
+    served = old.engine.served_models
+    previous = {inbox.path: inbox for inbox in old.inboxes}
+    kept: dict[Path, InboxConfig] = {}
+    for path, inbox in inboxes.items():
+        if inbox.model in served:
+            kept[path] = inbox
+            continue
+        refused.append(
+            f"inbox {path}: the model {inbox.model!r} is served by no running engine "
+            f"(served: {', '.join(served)}); serving it needs a restart (systemctl restart "
+            "ocrd); " + ("keeping the inbox's settings" if path in previous else "not adding it")
+        )
+        if path in previous:
+            kept[path] = previous[path]
+    return kept
+
+
 def plan_reload(old: Config, new: Config) -> ReloadPlan:
     refused = []
     if new.engine != old.engine:
@@ -61,9 +83,10 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
                 f"keeping {pipeline[key]!r}"
             )
     before = {inbox.path: inbox for inbox in old.inboxes}
-    after = {inbox.path: inbox for inbox in new.inboxes}
+    after = _served_by(old, {inbox.path: inbox for inbox in new.inboxes}, refused)
     applied = new.model_copy(
         update={
+            "inboxes": tuple(after.values()),
             "engine": old.engine,
             "pipeline": old.pipeline.model_copy(update=pipeline),
             "instances": old.instances,

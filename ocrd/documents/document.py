@@ -52,6 +52,7 @@ class InFlight:
     path: str
     progress: Progress
     alone: bool
+    model: str | None = None
 
     def report(self, now: float) -> DocumentProgress:
         progress = self.progress
@@ -63,6 +64,7 @@ class InFlight:
             seconds=round(now - progress.started, 1),
             eta_seconds=eta(progress.pages, progress.done, now - progress.started),
             alone=self.alone,
+            model=self.model,
         )
 
 
@@ -127,10 +129,15 @@ class DocumentRunner:
             return
         journal = PageJournal(claim.journal, claim.check_held)
         attempt = await asyncio.to_thread(claim.start_attempt)
-        log.info("document.started", attempt=attempt, alone=alone)
+        log.info("document.started", attempt=attempt, alone=alone, model=route.options.model)
         progress = Progress()
         self.in_flight[claim.id] = InFlight(
-            claim.id, str(route.config.path), claim.state.relative_path, progress, alone
+            claim.id,
+            str(route.config.path),
+            claim.state.relative_path,
+            progress,
+            alone,
+            route.options.model,
         )
         try:
             outcome = await self._convert(route, claim, log, progress, started, journal)

@@ -124,6 +124,10 @@ class _Run:
         and a thread hop each document."""
         return self.journal if self.progress.done < self.progress.pages else None
 
+    def sent(self, page: PageImage) -> PageImage:
+        """The page, for the engine of the model its inbox chose."""
+        return replace(page, model=self.settings.model)
+
 
 class Pipeline:
     def __init__(
@@ -328,6 +332,7 @@ class Pipeline:
             seconds=round(result.text.seconds, 3),
             engine_interval=result.text.engine_interval,
             source=result.source.value,
+            model=result.text.model,
         )
         if (journal := run.journal_for_page()) is not None:
             await asyncio.to_thread(journal.append, result)
@@ -388,7 +393,7 @@ class Pipeline:
             attempt += 1
             try:  # no local name holds the pixels while the engine has them
                 return await self.engine.recognise(
-                    rendered.pop() if rendered else await self._render(ref, number),
+                    run.sent(rendered.pop() if rendered else await self._render(ref, number)),
                     prompt,
                     self.budget.priority(run.ticket),
                 )

@@ -243,6 +243,7 @@ class Settling:
             original=settlement.original,
             renamed=None if settlement.naming is Naming.original else settlement.naming.value,
             finished_at=time.time(),
+            model=route.options.model,
         )
 
     def _finished(self, route: Route, summary: DocumentSummary, log: FilteringBoundLogger) -> None:

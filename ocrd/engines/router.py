@@ -41,10 +41,17 @@ from ocrd.engines.base import (
     ReplicaState,
 )
 from ocrd.engines.blame import CrashRecord
-from ocrd.engines.deepseek import PROMPTS, ngram_args
 from ocrd.engines.gate import SelfCheckGate
 from ocrd.engines.health import STARTING, summary
 from ocrd.engines.media import PageMedia
+from ocrd.engines.recipes import (
+    chat_text,
+    default_model,
+    fit_page,
+    prompt_for,
+    request_options,
+    sampling_for,
+)
 from ocrd.engines.replica import Replica, RouterSettings
 from ocrd.engines.routing import Dispatcher, Kind
 from ocrd.engines.sending import Busy, Failed, Gone, NeverSent, Sender
@@ -82,6 +89,8 @@ class Router:
         self.name = name
         self.sampling = sampling
         self.settings = settings
+        self.recipe = settings.recipe or default_model()
+        self.recipe_sampling = sampling_for(self.recipe, sampling)
         self.health = EngineHealth()
         self.log = get_logger(engine=name)
         self._replicas = replicas
@@ -91,7 +100,7 @@ class Router:
         self._tasks: dict[Replica, asyncio.Task[None]] = {}
         self.recent_mode = PromptMode.layout  # the test page goes with the pages' prompt
         self.dispatcher = Dispatcher(replicas)
-        self.sender = Sender(settings.request_timeout, self._mark_down)
+        self.sender = Sender(settings.request_timeout, self._mark_down, self.recipe_sampling.strip)
         self.gate = (
             SelfCheckGate(
                 self.request_body,
@@ -99,6 +108,7 @@ class Router:
                 lambda: self.recent_mode,
                 settings.request_timeout,
                 settings.what_to_do_when_garbled,
+                self.recipe,
             )
             if settings.self_check
             else None
@@ -120,7 +130,8 @@ class Router:
     @property
     def replicas(self) -> list[ReplicaFacts]:
         checks = self.settings.self_check
-        return [replace(replica.facts, self_checks=checks) for replica in self._replicas]
+        model = self.recipe.name
+        return [replace(r.facts, self_checks=checks, model=model) for r in self._replicas]
 
     def subscribe(self, callback: Callable[[ReplicaFacts], None]) -> None:
         self.supervisor.on_change.append(callback)
@@ -213,25 +224,15 @@ class Router:
     # --- routing --------------------------------------------------------------------------
 
     def request_body(self, image_url: str, prompt: str, priority: int = 0) -> dict[str, Any]:
-        text = prompt.removeprefix("<image>").lstrip("\n")  # the server places the image
+        content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": image_url}}]
+        text = chat_text(prompt)  # the server places the image; "": the image alone
+        if text:
+            content.append({"type": "text", "text": text})
         body: dict[str, Any] = {
             "model": self.settings.model,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": image_url}},
-                        {"type": "text", "text": text},
-                    ],
-                }
-            ],
-            "temperature": 0.0,
-            "max_tokens": self.sampling.max_tokens,
-            "skip_special_tokens": False,
+            "messages": [{"role": "user", "content": content}],
+            **request_options(self.recipe_sampling),
         }
-        xargs = ngram_args(self.sampling)
-        if xargs:
-            body["vllm_xargs"] = xargs
         if self.settings.send_priority and priority:
             body["priority"] = priority
         return body
@@ -243,13 +244,15 @@ class Router:
         (local replicas) or encoded as PNG (a fleet)."""
         number = page.number
         self.recent_mode = mode
+        page = await asyncio.to_thread(fit_page, page, self.recipe, self.page_folder)
         media = self._own_file(page.image)
         if media is None:
             media = await asyncio.to_thread(self._prepare, page.image)
         del page  # the file or the PNG is all that waits for a replica, not the pixels
         try:
-            body = self.request_body(media.url, PROMPTS[mode], priority)
-            return await self._route(body, number, priority)
+            body = self.request_body(media.url, prompt_for(self.recipe, mode), priority)
+            text = await self._route(body, number, priority)
+            return replace(text, model=self.recipe.name)  # its parser reads the text
         finally:
             media.release()
 

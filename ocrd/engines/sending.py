@@ -18,7 +18,6 @@ from typing import Any
 
 from ocrd.domain import PageText
 from ocrd.engines.base import EngineError, ReplicaState
-from ocrd.engines.deepseek import END_OF_SENTENCE
 from ocrd.engines.keepers import REFUSES_US
 from ocrd.engines.link import Answer, Dropped, TooLarge, Unreachable
 from ocrd.engines.replica import Replica
@@ -64,8 +63,11 @@ def answer_limits(max_tokens: int) -> tuple[int, int]:
 class Sender:
     """Posts pages; `mark_down(replica, generation, problem)` is told of a replica seen down."""
 
-    def __init__(self, request_timeout: float, mark_down: MarkDown) -> None:
+    def __init__(
+        self, request_timeout: float, mark_down: MarkDown, strip: tuple[str, ...] = ()
+    ) -> None:
         self.request_timeout = request_timeout
+        self.strip = strip  # the model's tokens that are no text
         self.mark_down = mark_down
         self._requests = itertools.count(1)
 
@@ -95,7 +97,7 @@ class Sender:
             if answer.data is None:
                 raise Failed(f"{replica.name}: the answer is not JSON: {excerpt(answer, 200)}")
             try:
-                text = page_text(answer.data, time.monotonic() - started, page)
+                text = page_text(answer.data, time.monotonic() - started, page, self.strip)
             except EngineError as error:  # the server's fault, as an answer not JSON is
                 raise Failed(f"{replica.name}: {error}") from None
             if len(text.text) > character_limit:
@@ -162,15 +164,20 @@ def excerpt(answer: Answer, characters: int) -> str:
     return printable(answer.text[:characters])
 
 
-def page_text(answer: dict[str, Any], seconds: float, page: int | None) -> PageText:
+def page_text(
+    answer: dict[str, Any], seconds: float, page: int | None, strip: tuple[str, ...] = ()
+) -> PageText:
+    """The page's text from a chat completion, without the tokens in `strip`."""
     try:
         choice = answer["choices"][0]
         usage = answer.get("usage") or {}
         content = choice["message"]["content"] or ""
         if not isinstance(content, str):
             raise TypeError(f"its content is {type(content).__name__}, not text")
+        for token in strip:
+            content = content.replace(token, "")
         return PageText(
-            text=content.replace(END_OF_SENTENCE, ""),
+            text=content,
             finish_reason=_finish_reason(choice.get("finish_reason")),
             prompt_tokens=_token_count(usage.get("prompt_tokens", 0)),
             completion_tokens=_token_count(usage.get("completion_tokens", 0)),

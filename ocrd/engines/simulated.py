@@ -3,8 +3,8 @@
 It models an engine with continuous batching: up to `capacity` pages are recognised at once,
 each taking `seconds_per_page`; more wait their turn, lower priority first (as vLLM's
 priority scheduling does). Its text is derived from the page's pixels, so the same page
-always gives the same text and different pages different text; in layout mode it has the
-shape of DeepSeek-OCR-2's grounding output, with a title, a paragraph and one figure. With
+always gives the same text and different pages different text, written in the format of
+the model it stands in for (simulated_answers.py): a title, a paragraph and one figure. With
 `unfinished_every: N` every Nth page stops at "max_tokens" in layout mode (the plain-text
 retry then finishes). With `fatal_colour`, a page whose centre pixel has that colour kills
 the engine half-way through its time, as a page that crashes a real engine would. It
@@ -22,7 +22,10 @@ from PIL import Image
 from ocrd.config import PromptMode, SimulatedConfig
 from ocrd.domain import PageImage, PageText
 from ocrd.engines.base import EngineDeadError, EngineHealth, EngineState, InProcess
+from ocrd.engines.recipes import default_model, fit_page
+from ocrd.engines.simulated_answers import page_answer
 from ocrd.engines.slots import PrioritySlots
+from ocrd.models import Model
 
 
 def fingerprint(image: Image.Image) -> str:
@@ -36,8 +39,9 @@ class SimulatedEngine(InProcess):
     name = "simulated"
     self_checks = False  # it reads nothing: no self-check
 
-    def __init__(self, config: SimulatedConfig) -> None:
+    def __init__(self, config: SimulatedConfig, recipe: Model | None = None) -> None:
         self.config = config
+        self.recipe = recipe or default_model()  # the model it answers as
         self.health = EngineHealth()
         self.slots = PrioritySlots(config.capacity)
 
@@ -51,6 +55,7 @@ class SimulatedEngine(InProcess):
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         started = time.monotonic()
         self._raise_if_dead()
+        page = await asyncio.to_thread(fit_page, page, self.recipe)  # the model's image size
         # What it needs of the pixels is taken at once, as a real engine turns a page into
         # tensors on arrival: the page's memory is not held while it waits its turn.
         number, (width, height), digest = page.number, page.image.size, fingerprint(page.image)
@@ -74,24 +79,12 @@ class SimulatedEngine(InProcess):
             and number % self.config.unfinished_every == 0
         )
         return PageText(
-            text=self._text(number, width, height, digest, mode),
+            model=self.recipe.name,
+            text=page_answer(self.recipe, number, (width, height), digest, mode),
             finish_reason="length" if unfinished else "stop",
             prompt_tokens=257,
             completion_tokens=self.config.tokens_per_page,
             seconds=time.monotonic() - started,
-        )
-
-    @staticmethod
-    def _text(number: int, width: int, height: int, digest: str, mode: PromptMode) -> str:
-        body = f"Image {width}x{height} px, pixel digest {digest}."
-        if mode is PromptMode.text:
-            return f"Simulated page {number}\n\n{body}"
-        return (  # the shape of DeepSeek-OCR-2's grounding output, with one figure
-            "<|ref|>title<|/ref|><|det|>[[60, 40, 940, 90]]<|/det|>\n"
-            f"# Simulated page {number}\n\n"
-            "<|ref|>text<|/ref|><|det|>[[60, 120, 940, 200]]<|/det|>\n"
-            f"{body}\n\n"
-            "<|ref|>image<|/ref|><|det|>[[100, 300, 600, 700]]<|/det|>\n"
         )
 
     def _raise_if_dead(self, page: int | None = None) -> None:

@@ -27,6 +27,8 @@ before with that answer and garbles new ones (a server that caches by picture). 
 that guesses which request is the check would. `--record-file` appends one line per request
 it receives (method, path, the Authorization header it was sent), for tests of what a
 server is sent.
+With `--model NAME` its answers, the test page's too, are written in that model's format
+(simulated_answers.py).
 """
 
 from __future__ import annotations
@@ -47,8 +49,11 @@ from aiohttp import web
 from PIL import Image
 
 from ocrd.config import PromptMode
+from ocrd.engines.recipes import default_model, prompt_for
 from ocrd.engines.selfcheck import COLUMNS, DRAWN_ROWS, TABLE, check_page, expected_text
-from ocrd.engines.simulated import SimulatedEngine, fingerprint
+from ocrd.engines.simulated import fingerprint
+from ocrd.engines.simulated_answers import page_answer, written_as
+from ocrd.models import model as model_named
 
 Pixels = np.ndarray[Any, Any]
 MARK = (255, 0, 255)  # magenta
@@ -144,6 +149,7 @@ class SimulatedReplica:
         self.done = 0
         self.refused = False
         self.seen: dict[str, str] = {}  # each picture's answer (--replays-seen)
+        self.recipe = model_named(args.model) if args.model else default_model()
         # Drawn before serving (a few seconds): a check's answer must not wait on it.
         self._reader = CheckReader() if args.answers_test_page else None
 
@@ -219,7 +225,10 @@ class SimulatedReplica:
         if self.args.refuse_page_once and page == self.args.refuse_page_once and not self.refused:
             self.refused = True  # a refusal of one page by a server that still serves
             return web.json_response({"error": "overloaded, try again"}, status=503)
-        mode = PromptMode.text if "Free OCR" in prompt else PromptMode.layout
+        text_prompt = prompt_for(self.recipe, PromptMode.text)
+        layout_prompt = prompt_for(self.recipe, PromptMode.layout)
+        asked_text = text_prompt != layout_prompt and text_prompt.endswith(prompt.strip() or "-")
+        mode = PromptMode.text if asked_text else PromptMode.layout
         async with self.slots:
             self.running += 1
             try:
@@ -271,17 +280,18 @@ class SimulatedReplica:
             self.seen[digest] = text
         return text
 
-    @staticmethod
     def _read(
+        self,
         test_text: str | None,
         page: int,
         size: tuple[int, int],
         digest: str,
         mode: PromptMode,
     ) -> str:
+        """The answer, written as the model (`--model`) writes a page."""
         if test_text is not None:
-            return test_text
-        return SimulatedEngine._text(page, size[0], size[1], digest, mode)
+            return written_as(self.recipe, test_text, size)
+        return page_answer(self.recipe, page, size, digest, mode)
 
     def load(self, url: str) -> Image.Image:
         if url.startswith("data:"):
@@ -333,6 +343,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--record-file", help="append each request's method, path, key")
     parser.add_argument("--refuse-page-once", type=int, default=0, help="503 its first request")
+    parser.add_argument("--model", help="answer as this OCR model writes (ocrd.models' names)")
     args = parser.parse_args(argv)
     if (args.socket is None) == (args.port is None):
         parser.error("give exactly one of --socket and --port")

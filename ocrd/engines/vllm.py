@@ -1,4 +1,4 @@
-"""DeepSeek-OCR-2 in-process through vLLM's async engine, with continuous batching.
+"""An OCR model in-process through vLLM's async engine, with continuous batching.
 
 Settings follow the model's recipe: no prefix caching and no multimodal processor cache
 (every page is new), greedy decoding, special tokens kept (the grounding tags are output),
@@ -14,6 +14,7 @@ priority scheduling, so a short or long-waiting document's page goes before a bo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import time
@@ -23,7 +24,6 @@ from PIL import Image
 
 from ocrd.config import PromptMode, SamplingConfig, VllmConfig
 from ocrd.domain import PageImage, PageText
-from ocrd.engines import selfcheck
 from ocrd.engines.base import (
     EngineDeadError,
     EngineError,
@@ -32,7 +32,16 @@ from ocrd.engines.base import (
     InProcess,
     SelfCheckResult,
 )
-from ocrd.engines.deepseek import END_OF_SENTENCE, PROMPTS, ngram_args
+from ocrd.engines.checkpage import draw_check_page
+from ocrd.engines.recipes import (
+    IMAGE_PLACEHOLDER,
+    default_model,
+    fit_page,
+    ngram_args,
+    prompt_for,
+    sampling_for,
+    stripped,
+)
 from ocrd.engines.replicas import (
     garbled_advice,
     installed_vllm_version,
@@ -40,20 +49,27 @@ from ocrd.engines.replicas import (
     log_vllm_version,
 )
 from ocrd.log import get_logger
+from ocrd.models import Model
 
 
 class VllmEngine(InProcess):
     name = "vllm"
 
     def __init__(
-        self, config: VllmConfig, sampling: SamplingConfig, self_check: bool = False
+        self,
+        config: VllmConfig,
+        sampling: SamplingConfig,
+        self_check: bool = False,
+        recipe: Model | None = None,
     ) -> None:
         self.config = config
-        self.sampling = sampling
+        self.recipe = recipe or default_model()
+        self.sampling = sampling_for(self.recipe, sampling)
         self.self_check = self_check
         self.self_checks = self_check
         self.health = EngineHealth()
         self._engine: Any = None
+        self._processor: Any = None  # the model's processor, for its chat template
         self._params: Any = None
         self._ids = itertools.count(1)
         self._dead_errors: tuple[type[BaseException], ...] = ()
@@ -65,10 +81,11 @@ class VllmEngine(InProcess):
 
     def engine_kwargs(self) -> dict[str, Any]:
         """vLLM engine arguments, the same for the async engine and the offline `LLM`."""
-        from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
-
         config = self.config
         optional: dict[str, Any] = {}
+        guard = self.recipe.sampling.ngram_guard
+        if guard is not None and guard.processor:  # the model's repetition guard
+            optional["logits_processors"] = [guard.processor]
         if config.kv_cache_memory_bytes is not None:
             optional["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
         return dict(
@@ -84,7 +101,6 @@ class VllmEngine(InProcess):
             tensor_parallel_size=config.tensor_parallel_size,
             enable_prefix_caching=False,
             mm_processor_cache_gb=0,
-            logits_processors=[NGramPerReqLogitsProcessor],
             limit_mm_per_prompt={"image": 1},
             scheduling_policy="priority",
             disable_log_stats=False,  # keeps the per-request engine timestamps
@@ -92,17 +108,49 @@ class VllmEngine(InProcess):
         )
 
     def sampling_params(self, ngram_size: int | None = None, max_tokens: int | None = None) -> Any:
-        """The recipe's sampling settings; `ngram_size=0` switches the n-gram guard off."""
+        """The recipe's sampling settings (with the operator's laid over them);
+        `ngram_size=0` switches the n-gram guard off."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        sampling = self.sampling
+        if ngram_size is not None and sampling.ngram_guard is not None:
+            guard = dataclasses.replace(sampling.ngram_guard, size=ngram_size)
+            sampling = dataclasses.replace(sampling, ngram_guard=guard if ngram_size else None)
+        optional = {
+            name: getattr(sampling, name)
+            for name in ("top_p", "top_k", "repetition_penalty")
+            if getattr(sampling, name) is not None
+        }
         return SamplingParams(
-            temperature=0.0,
-            max_tokens=max_tokens or self.sampling.max_tokens,
-            skip_special_tokens=False,
-            extra_args=ngram_args(self.sampling, ngram_size),
+            temperature=sampling.temperature,
+            max_tokens=max_tokens or sampling.max_tokens,
+            skip_special_tokens=sampling.skip_special_tokens,
+            stop=list(sampling.stop) or None,
+            extra_args=ngram_args(sampling),
             output_kind=RequestOutputKind.FINAL_ONLY,
+            **optional,
         )
+
+    async def prompt_text(self, prompt: str) -> str:
+        """The prompt as the model takes it: as written where it places the image itself,
+        else the model's chat template (its processor's) around the image and the prompt."""
+        if IMAGE_PLACEHOLDER in prompt:
+            return prompt
+        if self._processor is None:
+            from transformers import AutoProcessor
+
+            self._processor = await asyncio.to_thread(
+                AutoProcessor.from_pretrained, self.config.tokenizer or self.config.model
+            )
+        content: list[dict[str, str]] = [{"type": "image"}]
+        if prompt:
+            content.append({"type": "text", "text": prompt})
+        messages = [{"role": "user", "content": content}]
+        text = self._processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return str(text)
 
     async def start(self) -> None:
         # Importing vLLM and loading the model take minutes and block: in a thread, so that
@@ -118,12 +166,12 @@ class VllmEngine(InProcess):
     async def _read_test_page(self, version: str | None) -> None:
         """Ready if the engine reads ocrd's test page; garbled (pages wait) if it does not."""
         started = time.monotonic()
-        params = self.sampling_params(
-            max_tokens=min(selfcheck.MAX_TOKENS, self.sampling.max_tokens)
-        )
-        prompt = PROMPTS[PromptMode.layout]
-        text = (await self.generate(selfcheck.check_page(), prompt, params)).text
-        score = selfcheck.score(text)
+        check = self.recipe.self_check
+        params = self.sampling_params(max_tokens=min(check.max_tokens, self.sampling.max_tokens))
+        prompt = await self.prompt_text(self.recipe.prompt(check.task))
+        page = draw_check_page(check.page, check.long_side)
+        text = (await self.generate(page, prompt, params)).text
+        score = self.recipe.judge(text)
         self.self_check_result = SelfCheckResult(
             passed=score.passed,
             words_found=score.found,
@@ -166,16 +214,16 @@ class VllmEngine(InProcess):
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         self._in_flight += 1
         try:
-            text = await self.generate(
-                page.image, PROMPTS[mode], self._params, page.number, priority
-            )
+            prompt = await self.prompt_text(prompt_for(self.recipe, mode))
+            page = await asyncio.to_thread(fit_page, page, self.recipe)
+            text = await self.generate(page.image, prompt, self._params, page.number, priority)
         except EngineError:
             self._failed += 1
             raise
         finally:
             self._in_flight -= 1
         self._done += 1
-        return text
+        return dataclasses.replace(text, model=self.recipe.name)  # its parser reads the text
 
     async def generate(
         self,
@@ -208,7 +256,7 @@ class VllmEngine(InProcess):
             raise EngineError("the engine returned no output", page)
         completion = final.outputs[0]
         return PageText(
-            text=completion.text.replace(END_OF_SENTENCE, ""),
+            text=stripped(completion.text, self.sampling),
             finish_reason=str(completion.finish_reason or "abort"),
             prompt_tokens=len(final.prompt_token_ids or ()),
             completion_tokens=len(completion.token_ids),

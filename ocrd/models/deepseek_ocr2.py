@@ -25,13 +25,15 @@ every output uses today.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ocrd.models.recipe import (
     ImageRule,
     ImageSize,
     Model,
     NgramGuard,
-    Pipeline,
     Prompt,
+    Reading,
     Sampling,
     SelfCheck,
 )
@@ -42,11 +44,23 @@ NAME = "deepseek-ocr-2"
 END_OF_SENTENCE = "<｜end▁of▁sentence｜>"
 LAYOUT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
 TEXT_PROMPT = "<image>\nFree OCR."
+NGRAM_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
 
 
 def parse(answer: str, image_size: ImageSize) -> list[Block]:
     """The grounded answer's blocks; its boxes are relative already (the size is unused)."""
     return parse_page(answer.replace(END_OF_SENTENCE, ""))
+
+
+def write(blocks: Sequence[Block], image_size: ImageSize) -> str:
+    """Blocks as the model writes them: each block's grounding tag, then its Markdown."""
+    parts = []
+    for block in blocks:
+        boxes = ", ".join(
+            f"[{round(b.x1)}, {round(b.y1)}, {round(b.x2)}, {round(b.y2)}]" for b in block.boxes
+        )
+        parts.append(f"<|ref|>{block.label}<|/ref|><|det|>[{boxes}]<|/det|>\n{block.content}\n")
+    return "\n".join(parts)
 
 
 def model() -> Model:
@@ -63,17 +77,23 @@ def model() -> Model:
         ),
         answer="grounded Markdown: <|ref|>label<|/ref|><|det|>[[x1,y1,x2,y2]]<|/det|> "
         "before each block, boxes 0..999",
-        pipeline=Pipeline.page,
+        pipeline=Reading.page,
         prompts=(Prompt("layout", LAYOUT_PROMPT), Prompt("text", TEXT_PROMPT)),
         image=ImageRule(max_long_side=2048),
         sampling=Sampling(
             temperature=0.0,
             max_tokens=8192,
-            ngram_guard=NgramGuard(size=30, window=90, whitelist_token_ids=(128821, 128822)),
+            ngram_guard=NgramGuard(
+                size=30,
+                window=90,
+                whitelist_token_ids=(128821, 128822),
+                processor=NGRAM_PROCESSOR,
+            ),
             skip_special_tokens=False,
             strip=(END_OF_SENTENCE,),
         ),
         parse=parse,
+        write=write,
         # 768 px: one 1024 px view of the model (257 prompt tokens), the cheapest request.
         self_check=SelfCheck(HARBOUR_PAGE, task="layout", long_side=768, max_tokens=768),
     )

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ocrd.models.markdown_blocks import markdown_blocks, thousandths_box
-from ocrd.models.recipe import ImageRule, ImageSize, Model, Pipeline, Prompt, Sampling, SelfCheck
+from ocrd.models.recipe import ImageRule, ImageSize, Model, Prompt, Reading, Sampling, SelfCheck
 from ocrd.models.selfcheck import HARBOUR_PAGE
-from ocrd.text.grounding import Block, Box, clean_label
+from ocrd.text.grounding import SCALE, Block, Box, clean_label
 
 NAME = "glm-ocr"
 PROMPTS = (
@@ -97,6 +97,25 @@ def _box(value: Any) -> Box | None:
     return thousandths_box(*(float(v) for v in numbers))
 
 
+WRITTEN_LABELS = {"equation": "formula", "title": "text", "sub_title": "text"}
+
+
+def write(blocks: Sequence[Block], image_size: ImageSize) -> str:
+    """The SDK's page JSON: one region per block, boxes in 0..1000."""
+    regions = []
+    for index, block in enumerate(blocks):
+        box = block.boxes[0] if block.boxes else Box(0, 0, SCALE, SCALE)
+        regions.append(
+            {
+                "index": index,
+                "label": WRITTEN_LABELS.get(block.label, block.label),
+                "content": block.content,
+                "bbox_2d": [round(v * 1000 / SCALE) for v in (box.x1, box.y1, box.x2, box.y2)],
+            }
+        )
+    return json.dumps([regions], ensure_ascii=False)
+
+
 def model() -> Model:
     return Model(
         name=NAME,
@@ -109,13 +128,14 @@ def model() -> Model:
         "glmocr/postprocess/result_formatter.py",
         answer="per region Markdown/HTML/LaTeX; the SDK's page JSON "
         "[[{label, content, bbox_2d (0..1000)}]]",
-        pipeline=Pipeline.regions,
+        pipeline=Reading.regions,
         prompts=PROMPTS,
         image=ImageRule(min_pixels=12544, max_pixels=71372800),
         sampling=Sampling(
             temperature=0.0, max_tokens=8192, top_p=0.00001, top_k=1, repetition_penalty=1.1
         ),
         parse=parse,
+        write=write,
         # The whole test page in one "Text Recognition:" request: the words must come back.
         self_check=SelfCheck(HARBOUR_PAGE, task="text", long_side=1024, max_tokens=768),
     )

@@ -23,11 +23,12 @@ of the page (as manuquadros/pdfparser's captures of it show, /work/shared/corpus
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from ocrd.models.markdown_blocks import markdown_blocks, no_boxes, thousandths_box
-from ocrd.models.recipe import ImageRule, ImageSize, Model, Pipeline, Prompt, Sampling, SelfCheck
-from ocrd.models.selfcheck import HARBOUR_PAGE
-from ocrd.text.grounding import Block, Box
+from ocrd.models.recipe import ImageRule, ImageSize, Model, Prompt, Reading, Sampling, SelfCheck
+from ocrd.models.selfcheck import HARBOUR_PAGE, markdown_text
+from ocrd.text.grounding import SCALE, Block, Box
 
 NAME = "lightonocr-2"
 BBOX_NAME = "lightonocr-2-bbox"
@@ -55,6 +56,25 @@ def parse_bbox(answer: str, image_size: ImageSize) -> list[Block]:
     return markdown_blocks(answer, figure_box)
 
 
+def write(blocks: Sequence[Block], image_size: ImageSize) -> str:
+    """The plain model's Markdown: figures as bare links."""
+    return markdown_text(blocks)
+
+
+def write_bbox(blocks: Sequence[Block], image_size: ImageSize) -> str:
+    """The -bbox variant's Markdown: each figure's link followed by its box (0..1000)."""
+    parts, figures = [], 0
+    for block in blocks:
+        if block.label != "image":
+            parts.append(markdown_text([block]).rstrip("\n"))
+            continue
+        figures += 1
+        box = block.boxes[0] if block.boxes else Box(0, 0, SCALE, SCALE)
+        corners = ",".join(str(round(v * 1000 / SCALE)) for v in (box.x1, box.y1, box.x2, box.y2))
+        parts.append(f"![image](image_{figures}.png){corners}")
+    return "\n\n".join(parts) + "\n"
+
+
 def _model(name: str, hf_id: str, boxes: bool) -> Model:
     return Model(
         name=name,
@@ -67,11 +87,12 @@ def _model(name: str, hf_id: str, boxes: bool) -> Model:
         f"huggingface.co/{hf_id} README.md",
         answer="Markdown with $…$ math and HTML tables; figures as ![image](image_N.png)"
         + ("x1,y1,x2,y2 (0..1000)" if boxes else ""),
-        pipeline=Pipeline.page,
+        pipeline=Reading.page,
         prompts=(Prompt("page", ""),),
         image=ImageRule(max_long_side=1540),
         sampling=Sampling(temperature=0.2, max_tokens=4096, top_p=0.9),
         parse=parse_bbox if boxes else parse,
+        write=write_bbox if boxes else write,
         self_check=SelfCheck(HARBOUR_PAGE, task="page", long_side=1540, max_tokens=768),
     )
 

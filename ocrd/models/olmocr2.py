@@ -22,11 +22,12 @@ is untrusted), and is no part of the page's text.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ocrd.models.markdown_blocks import ImageBoxes, markdown_blocks
-from ocrd.models.recipe import ImageRule, ImageSize, Model, Pipeline, Prompt, Sampling, SelfCheck
-from ocrd.models.selfcheck import HARBOUR_PAGE
+from ocrd.models.recipe import ImageRule, ImageSize, Model, Prompt, Reading, Sampling, SelfCheck
+from ocrd.models.selfcheck import HARBOUR_PAGE, markdown_text
 from ocrd.text.grounding import Block, Box
 
 NAME = "olmocr-2"
@@ -61,17 +62,17 @@ class FrontMatter:
 
 
 @dataclass(frozen=True)
-class Answer:
+class OlmocrAnswer:
     front: FrontMatter
     markdown: str
 
 
-def read(answer: str) -> Answer:
+def read(answer: str) -> OlmocrAnswer:
     """The front matter and the Markdown after it; an answer without front matter is all
     Markdown, one cut off inside its front matter keeps the fields it has."""
     text = answer.lstrip("\ufeff \t\r\n")
     if not text.startswith("---"):
-        return Answer(FrontMatter(), answer.strip())
+        return OlmocrAnswer(FrontMatter(), answer.strip())
     lines = text.split("\n", MAX_FRONT_MATTER_LINES + 2)
     fields: dict[str, str] = {}
     end = 1
@@ -85,7 +86,7 @@ def read(answer: str) -> Answer:
             end -= 1
             break
         fields[field.group(1).lower()] = field.group(2)
-    return Answer(_front_matter(fields), "\n".join(lines[end:]).strip())
+    return OlmocrAnswer(_front_matter(fields), "\n".join(lines[end:]).strip())
 
 
 def _front_matter(fields: dict[str, str]) -> FrontMatter:
@@ -123,6 +124,24 @@ def parse(answer: str, image_size: ImageSize) -> list[Block]:
     return markdown_blocks(read(answer).markdown, figure_boxes(image_size))
 
 
+def write(blocks: Sequence[Block], image_size: ImageSize) -> str:
+    """Front matter, then the page's Markdown; figures named by their place in pixels of
+    the image the model saw."""
+    width, height = image_size
+    front = (
+        "---\nprimary_language: en\nis_rotation_valid: True\nrotation_correction: 0\n"
+        "is_table: False\nis_diagram: False\n---\n"
+    )
+    parts = []
+    for block in blocks:
+        if block.label == "image" and block.boxes:
+            x1, y1, x2, y2 = (round(v) for v in block.boxes[0].scaled(width, height))
+            parts.append(f"![Figure](page_{x1}_{y1}_{x2 - x1}_{y2 - y1}.png)")
+        elif block.label != "image":
+            parts.append(markdown_text([block]).rstrip("\n"))
+    return front + "\n\n".join(parts) + "\n"
+
+
 def model() -> Model:
     return Model(
         name=NAME,
@@ -135,10 +154,11 @@ def model() -> Model:
         "olmocr/train/front_matter.py",
         answer="YAML front matter (language, rotation, is_table, is_diagram), then Markdown "
         "with LaTeX, HTML tables, figures as ![alt](page_x_y_w_h.png) in pixels",
-        pipeline=Pipeline.page,
+        pipeline=Reading.page,
         prompts=(Prompt("page", PROMPT),),
         image=ImageRule(max_long_side=1288),
         sampling=Sampling(temperature=TEMPERATURE_BY_ATTEMPT[0], max_tokens=8000),
         parse=parse,
+        write=write,
         self_check=SelfCheck(HARBOUR_PAGE, task="page", long_side=1288, max_tokens=768),
     )

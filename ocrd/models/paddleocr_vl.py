@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ocrd.models.markdown_blocks import markdown_blocks
-from ocrd.models.recipe import ImageRule, ImageSize, Model, Pipeline, Prompt, Sampling, SelfCheck
+from ocrd.models.recipe import ImageRule, ImageSize, Model, Prompt, Reading, Sampling, SelfCheck
 from ocrd.models.selfcheck import HARBOUR_PAGE
-from ocrd.text.grounding import Block, Box, clean_label
+from ocrd.text.grounding import SCALE, Block, Box, clean_label
 
 NAME = "paddleocr-vl-1.5"
 PROMPTS = (
@@ -107,6 +107,31 @@ def _box(value: Any, image_size: ImageSize) -> Box | None:
     return Box.from_pixels(x1, y1, x2, y2, width, height)
 
 
+WRITTEN_LABELS = {
+    "title": "doc_title",
+    "sub_title": "paragraph_title",
+    "equation": "display_formula",
+}
+
+
+def write(blocks: Sequence[Block], image_size: ImageSize) -> str:
+    """The pipeline's page JSON: one region per block, boxes in pixels of the image."""
+    width, height = image_size
+    regions = []
+    for block in blocks:
+        box = block.boxes[0] if block.boxes else Box(0, 0, SCALE, SCALE)
+        regions.append(
+            {
+                "block_label": WRITTEN_LABELS.get(block.label, block.label),
+                "block_content": block.content.lstrip("#").strip()
+                if block.label in WRITTEN_LABELS
+                else block.content,
+                "block_bbox": [round(v) for v in box.scaled(width, height)],
+            }
+        )
+    return json.dumps({"parsing_res_list": regions}, ensure_ascii=False)
+
+
 def model() -> Model:
     return Model(
         name=NAME,
@@ -119,12 +144,13 @@ def model() -> Model:
         "docs/version3.x/pipeline_usage/PaddleOCR-VL.en.md",
         answer="per region text, HTML tables, LaTeX; the pipeline's page JSON "
         "parsing_res_list [{block_label, block_content, block_bbox (pixels)}]",
-        pipeline=Pipeline.regions,
+        pipeline=Reading.regions,
         prompts=PROMPTS,
         image=ImageRule(),  # the model's processor resizes the region itself
         # The recipe gives no max_tokens: 4096 is ocrd's bound for one region.
         sampling=Sampling(temperature=0.0, max_tokens=4096),
         parse=parse,
+        write=write,
         # The whole test page in one "OCR:" request: the words must come back.
         self_check=SelfCheck(HARBOUR_PAGE, task="ocr", long_side=1024, max_tokens=768),
     )

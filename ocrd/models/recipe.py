@@ -10,20 +10,24 @@ image, Markdown content), and a test page it must read. Nothing here runs a mode
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ocrd.models.selfcheck import CheckPage, Score, score_blocks
+from ocrd.models.selfcheck import CheckScore, CheckText, markdown_text, score_blocks
 from ocrd.text.grounding import Block
 
 ImageSize = tuple[int, int]  # width, height in pixels of the image the model saw
 Parser = Callable[[str, ImageSize], list[Block]]
+# A page's blocks written as the model writes its answer (the inverse of its parser): what
+# ocrd's simulated engine answers as that model, so the daemon is tested in every model's
+# format without the model.
+Writer = Callable[[Sequence[Block], ImageSize], str]
 
 BYTES_PER_PARAMETER = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
-class Pipeline(StrEnum):
+class Reading(StrEnum):
     """How a page is read: whole, or a layout stage first and one request per region."""
 
     page = "page"  # one request per page; the answer is the whole page
@@ -70,6 +74,8 @@ class NgramGuard:
     size: int
     window: int
     whitelist_token_ids: tuple[int, ...] = ()
+    # The vLLM logits processor that applies it (`--logits-processors`), in the model's code.
+    processor: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ class SelfCheck:
     """The test page a replica reads before it gets work, and how its answer is judged:
     at least `pass_share` of the page's words must come back in the parsed blocks."""
 
-    page: CheckPage
+    page: CheckText
     task: str  # which of the model's prompts it is read with
     long_side: int  # pixels of the page's longer side
     max_tokens: int
@@ -111,12 +117,13 @@ class Model:
     dtype: str
     source: str  # where the recipe was read: repository and file, or model card
     answer: str  # what its answer looks like, in a sentence
-    pipeline: Pipeline
+    pipeline: Reading
     prompts: tuple[Prompt, ...]
     image: ImageRule
     sampling: Sampling
     parse: Parser = field(repr=False)
     self_check: SelfCheck
+    write: Writer = field(repr=False, default=lambda blocks, size: markdown_text(blocks))
 
     def prompt(self, task: str) -> str:
         for prompt in self.prompts:
@@ -136,7 +143,7 @@ class Model:
             answer = answer.replace(token, "")
         return self.parse(answer, image_size)
 
-    def judge(self, answer: str) -> Score:
+    def judge(self, answer: str) -> CheckScore:
         """How much of its test page the model read, by the words of its parsed answer."""
         page = self.self_check.page
         size = page.pixel_size(self.self_check.long_side)

@@ -21,7 +21,7 @@ _HTML_TAG = re.compile(r"<[^>]*>")
 
 
 @dataclass(frozen=True)
-class CheckPage:
+class CheckText:
     """What the test page says; `width_pt` x `height_pt` is its size as a PDF page."""
 
     title: str
@@ -44,7 +44,7 @@ class CheckPage:
 
 
 # ocrd's test page (the same words as ocrd/engines/selfcheck.py draws).
-HARBOUR_PAGE = CheckPage(
+HARBOUR_PAGE = CheckText(
     title="Harbour Museum Quarterly Report",
     lines=(
         "Visitors arrived early on Tuesday morning.",
@@ -60,8 +60,36 @@ HARBOUR_PAGE = CheckPage(
 )
 
 
+def markdown_text(blocks: Sequence[Block], figure: str = "![image](image_{n}.png)") -> str:
+    """Blocks as plain Markdown (a block's content is Markdown already, a heading's `#`
+    included), figures as links (`figure` with their number); one paragraph each."""
+    parts, figures = [], 0
+    for block in blocks:
+        if block.label == "image":
+            figures += 1
+            parts.append(figure.format(n=figures))
+        else:
+            parts.append(block.content)
+    return "\n\n".join(parts) + "\n"
+
+
+def page_blocks(page: CheckText) -> list[Block]:
+    """The test page as the blocks a model that reads it makes: its title, its lines, its
+    table (as Markdown), each with the box it has on the page (roughly)."""
+    from ocrd.text.grounding import Box
+
+    rows = ["| " + " | ".join(row) + " |" for row in page.table]
+    rows.insert(1, "|" + "---|" * len(page.table[0]))
+    blocks = [Block("title", (Box.normalised(60, 60, 700, 140),), f"# {page.title}")]
+    for index, line in enumerate(page.lines):
+        top = 200 + index * 60
+        blocks.append(Block("text", (Box.normalised(60, top, 940, top + 50),), line))
+    blocks.append(Block("table", (Box.normalised(60, 420, 700, 900),), "\n".join(rows)))
+    return blocks
+
+
 @dataclass(frozen=True)
-class Score:
+class CheckScore:
     found: int
     expected: int
     pass_share: float
@@ -79,10 +107,10 @@ def words(text: str) -> Counter[str]:
     return Counter(WORD.findall(text.lower()))
 
 
-def score_blocks(page: CheckPage, blocks: Sequence[Block], pass_share: float = 0.8) -> Score:
+def score_blocks(page: CheckText, blocks: Sequence[Block], pass_share: float = 0.8) -> CheckScore:
     """How many of the page's words the blocks hold, each counted as often as it is on the
     page; HTML markup (a table's `<td>`) is ignored."""
     want = words(page.expected_text())
     got = words(" ".join(_HTML_TAG.sub(" ", block.content) for block in blocks))
     found = sum(min(count, got[word]) for word, count in want.items())
-    return Score(found, sum(want.values()), pass_share)
+    return CheckScore(found, sum(want.values()), pass_share)

@@ -22,6 +22,7 @@ from ocrd.domain import (
     SeparatorMark,
     TextLayer,
 )
+from ocrd.models import model as recipe_of
 from ocrd.text.grounding import Block, Box, parse_page
 from ocrd.text.markdown import looks_repetitive, page_markdown
 
@@ -76,6 +77,21 @@ def figure_name(page: int, number: int) -> str:
     return f"page{page}-figure{number}.png"
 
 
+def page_blocks(text: PageText, image_size: tuple[int, int]) -> list[Block]:
+    """The blocks of an engine's answer, read by the parser of the model that wrote it (on
+    the image size its recipe sent the page at); grounded Markdown where no model is
+    named, or the one named is not known (a journal of another ocrd)."""
+    try:
+        recipe = recipe_of(text.model) if text.model is not None else None
+    except KeyError:
+        recipe = None
+    if recipe is None:
+        return parse_page(text.text)
+    width, height = image_size
+    sent = recipe.image.fitted(width, height) if width > 0 and height > 0 else image_size
+    return recipe.blocks(text.text, sent)
+
+
 def assemble_page(
     page: PageInfo,
     text: PageText,
@@ -89,7 +105,7 @@ def assemble_page(
         prompt=prompt,
         image_size=page.image_size,
         page_size_pt=(page.width_pt, page.height_pt),
-        blocks=parse_page(text.text),
+        blocks=page_blocks(text, page.image_size),
         retried=retried,
         source=source,
     )
@@ -161,6 +177,8 @@ def page_record(page: PageResult) -> dict[str, Any]:
         "completion_tokens": page.text.completion_tokens,
         "source": page.source.value,
     }
+    if page.text.model is not None:
+        record["model"] = page.text.model
     if page.separator is not None:
         record["separator"] = page.separator.record()
     if page.no_text is not None:
@@ -204,6 +222,7 @@ def text_from_record(record: dict[str, Any]) -> RawPage:
         finish_reason=str(record.get("finish_reason", "stop")),
         prompt_tokens=int(record.get("prompt_tokens", 0)),
         completion_tokens=int(record.get("completion_tokens", 0)),
+        model=str(record["model"]) if record.get("model") is not None else None,
         blocks=None
         if blocks is None
         else tuple(
@@ -283,7 +302,7 @@ class PageJournal:
                     prompt=raw.prompt,
                     image_size=_pair(record["image_size"], int),
                     page_size_pt=_pair(record["page_size_pt"], float),
-                    blocks=parse_page(raw.text.text),
+                    blocks=page_blocks(raw.text, _pair(record["image_size"], int)),
                     figures=figures,
                     retried=raw.retried,
                     source=raw.source,

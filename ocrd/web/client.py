@@ -111,19 +111,21 @@ def format_status(report: StatusReport) -> str:
             lines.append(
                 f"  {replica.name}{device} {replica.state}, {replica.in_flight}/"
                 f"{replica.capacity} in flight, {replica.pages_done} done, "
-                f"{replica.restarts} restarts{check}{problem}"
+                f"{replica.restarts} restarts{_served(replica.model)}{check}{problem}"
             )
     for inbox in report.inboxes:
         watching = "" if inbox.watching else " (not watched)"
-        lines.append(f"inbox {inbox.path}{watching}: {inbox.waiting_count} waiting")
+        model = f" (model {inbox.model})" if inbox.model else ""
+        lines.append(f"inbox {inbox.path}{watching}{model}: {inbox.waiting_count} waiting")
         if len(inbox.instances) > 1:
             lines += [_instance_line(instance) for instance in inbox.instances]
         for blocked in inbox.blocked:
             lines.append(f"  cannot take {blocked.path}: {blocked.reason}; fix: {blocked.fix}")
         for document in inbox.in_flight:
             pages = f"{document.pages_done}/{document.pages}" if document.pages else "opening"
+            by = f" by {document.model}" if document.model else ""
             lines.append(
-                f"  converting {document.path}: page {pages}, "
+                f"  converting {document.path}{by}: page {pages}, "
                 f"{_duration(document.seconds)} so far, {_duration(document.eta_seconds)} left"
             )
         for waiting in inbox.waiting[:10]:
@@ -144,3 +146,8 @@ def format_status(report: StatusReport) -> str:
             f"({finished.pages} pages, {finished.seconds:.1f} s): {detail}"
         )
     return "\n".join(lines)
+
+
+def _served(model: str | None) -> str:
+    """The OCR model a replica serves, after its counts."""
+    return f", serving {model}" if model else ""

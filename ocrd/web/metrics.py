@@ -140,6 +140,11 @@ def _replica_metrics(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
         "and for an engine without a self-check)",
         labels=["replica"],
     )
+    served = GaugeMetricFamily(
+        "ocrd_engine_replica_model",
+        "1 for the OCR model each replica serves",
+        labels=["replica", "model"],
+    )
     numbers = [
         (
             field,
@@ -156,8 +161,11 @@ def _replica_metrics(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
             family.add_metric([replica.name], getattr(replica, field))
         if replica.self_check_passed is not None:
             checked.add_metric([replica.name], float(replica.self_check_passed))
+        if replica.model is not None:
+            served.add_metric([replica.name, replica.model], 1.0)
     yield state
     yield checked
+    yield served
     yield from (family for _, family in numbers)
 
 
@@ -212,8 +220,8 @@ class Metrics:
         registry = self.registry
         self.documents = Counter(
             "ocrd_documents_finished",
-            "Documents settled, by inbox, outcome and failed stage",
-            ["inbox", "outcome", "stage"],
+            "Documents settled, by inbox, outcome, failed stage and OCR model",
+            ["inbox", "outcome", "stage", "model"],
             registry=registry,
         )
         self.document_seconds = Histogram(
@@ -225,8 +233,9 @@ class Metrics:
         )
         self.pages = Counter(
             "ocrd_pages_recognised",
-            "Pages done, by finish reason and prompt (text_layer, blank: not sent to the engine)",
-            ["finish_reason", "prompt"],
+            "Pages done, by finish reason, prompt (text_layer, blank: not sent to the engine) "
+            "and the OCR model that read them",
+            ["finish_reason", "prompt", "model"],
             registry=registry,
         )
         self.page_seconds = Histogram(
@@ -278,7 +287,7 @@ class Metrics:
 
     def page_done(self, page: PageResult) -> None:
         prompt = page.prompt.value if page.source is PageSource.engine else page.source.value
-        self.pages.labels(page.finish_reason, prompt).inc()
+        self.pages.labels(page.finish_reason, prompt, page.text.model or "").inc()
         self.page_seconds.observe(page.text.seconds)
         self.prompt_tokens.inc(page.text.prompt_tokens)
         self.completion_tokens.inc(page.text.completion_tokens)
@@ -291,7 +300,9 @@ class Metrics:
 
     def document_finished(self, summary: DocumentSummary) -> None:
         stage = summary.stage.value if summary.stage else ""
-        self.documents.labels(summary.inbox, summary.outcome.value, stage).inc()
+        self.documents.labels(
+            summary.inbox, summary.outcome.value, stage, summary.model or ""
+        ).inc()
         self.document_seconds.labels(size_class(summary.pages)).observe(summary.seconds)
         if summary.outcome is Outcome.failed and stage in ("detect", "render"):
             self.render_failures.labels(summary.code or stage).inc()

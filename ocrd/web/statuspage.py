@@ -137,7 +137,8 @@ def _progress(document: DocumentProgress) -> str:
     else:
         bar, pages = "<progress></progress>", "opening"
     return (
-        f'<tr class="in-flight"><td>{escape(document.path)}</td><td>{bar}</td>'
+        f'<tr class="in-flight"><td>{escape(document.path)}{_model(document.model)}</td>'
+        f"<td>{bar}</td>"
         f'<td class="pages">{pages}</td><td class="num">{_duration(document.seconds)}</td>'
         f'<td class="num">{_duration(document.eta_seconds)} left</td></tr>'
     )
@@ -177,7 +178,8 @@ def _finished_row(document: FinishedDocument, query: str) -> str:
             numbers = ", ".join(map(str, document.pages_without_text))
             detail += f'<br><span class="reason">no text from page {numbers}</span>'
     return (
-        f'<tr class="finished"><td>{when}</td><td>{escape(document.path)}</td>'
+        f'<tr class="finished"><td>{when}</td>'
+        f"<td>{escape(document.path)}{_model(document.model)}</td>"
         f'<td class="{outcome}">{outcome}</td><td class="num">{document.pages}</td>'
         f'<td class="num">{document.seconds:.1f}</td><td>{detail}</td></tr>'
     )
@@ -193,11 +195,17 @@ def _finished(report: StatusReport, query: str) -> str:
     )
 
 
+def _model(model: str | None) -> str:
+    """Which OCR model reads (or read) it, after its name."""
+    return f' <span class="model">{escape(model)}</span>' if model else ""
+
+
 def _replica_row(replica: ReplicaStatus, now: float) -> str:
     state_class = "done" if replica.state == "ready" else "failed"
     problem = escape(replica.problem) if replica.problem else ""
     return (
-        f"<tr><td>{escape(replica.name)}</td><td>{escape(replica.device or '')}</td>"
+        f"<tr><td>{escape(replica.name)}{_model(replica.model)}</td>"
+        f"<td>{escape(replica.device or '')}</td>"
         f'<td class="{state_class}">{escape(replica.state)}</td>'
         f'<td class="num">{_duration(now - replica.since) if replica.since else ""}</td>'
         f'<td class="num">{replica.in_flight} / {replica.capacity}</td>'
@@ -255,7 +263,7 @@ def render(report: StatusReport, token: str = "") -> str:
     )
     inboxes = "".join(
         f'<section class="inbox"><h2>Inbox {escape(inbox.path)}'
-        f"{'' if inbox.watching else ' (not watched)'}</h2>"
+        f"{'' if inbox.watching else ' (not watched)'}{_model(inbox.model)}</h2>"
         f"<h3>Being converted</h3>{_in_flight(inbox)}<h3>Waiting</h3>{_waiting(inbox)}"
         f"{_blocked(inbox)}{_instances(inbox)}</section>"
         for inbox in report.inboxes
