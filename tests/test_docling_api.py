@@ -373,8 +373,8 @@ def test_the_api_page_and_its_description_are_served_without_a_cdn(
 
 
 def readme_block(marker: str) -> str:
-    """The code block after `marker` in the README."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """The code block after `marker` in the manual's HTTP page."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "http.md").read_text()
     after = text[text.index(marker) :]
     start = after.index("```sh\n") + len("```sh\n")
     return after[start : after.index("\n```", start)]

@@ -237,8 +237,8 @@ def test_webhooks_cut_off_by_a_stop_are_logged(tmp_path: Path, start_daemon) -> 
 
 
 def readme_block(language: str, containing: str) -> str:
-    """The README's fenced `language` block that contains `containing`."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """The manual's fenced `language` block (docs/operations.md) that contains `containing`."""
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
     blocks = re.findall(rf"```{language}\n(.*?)```", readme, re.S)
     [block] = [b for b in blocks if containing in b]
     return str(block)

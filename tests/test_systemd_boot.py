@@ -43,17 +43,18 @@ OCRD = "/opt/ocrd/.venv/bin/ocrd"
 
 
 def readme_install_lines() -> list[str]:
-    """The README's install commands, as root needs no sudo, up to `enable --now`."""
-    readme = (CHECKOUT / "README.md").read_text()
+    """The manual's install commands (docs/systemd.md), as root needs no sudo, up to
+    `enable --now`."""
+    readme = (CHECKOUT / "docs" / "systemd.md").read_text()
     section = readme[readme.index("## Running as a systemd unit") :]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block, "README.md: no sh block in 'Running as a systemd unit'"
+    assert block, "docs/systemd.md: no sh block in 'Running as a systemd unit'"
     lines: list[str] = []
     for line in block.group(1).splitlines():
         lines.append(line.replace("sudo -u ocrd ", "runuser -u ocrd -- ").replace("sudo ", ""))
         if "enable --now ocrd" in line:
             return lines
-    raise AssertionError("README.md: the install block has no `systemctl enable --now ocrd`")
+    raise AssertionError("docs/systemd.md: the install block has no `systemctl enable --now ocrd`")
 
 
 def guest_config(*more_inboxes: str) -> str:

@@ -75,7 +75,7 @@ class OpenAiConfig(Strict):
     retry_backoff_seconds: Annotated[float, Field(gt=0)] = 1.0
     # A router that keeps the fleet's list (vllm-router, SGLang's router): its workers are
     # read from `GET <router_url>/workers` every `router_poll_seconds` and each is sent
-    # pages directly, as a listed server would be (README, "Fleets behind vllm-router").
+    # pages directly, as a listed server would be (docs/fleets.md, "Fleets behind vllm-router").
     router_url: str | None = None
     router_poll_seconds: Annotated[float, Field(gt=0)] = 5.0
     # Which of the router's workers get pages (and the API key): hosts, CIDR networks of

@@ -78,7 +78,7 @@ class _User:
             return str(os.geteuid())
 
 
-SHARED_INBOX_FIX = "or set the inbox up as the README's 'A shared inbox' says"
+SHARED_INBOX_FIX = "or set the inbox up as the manual's 'A shared inbox' (docs/sharing.md) says"
 
 
 @dataclass(frozen=True)

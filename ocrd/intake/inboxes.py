@@ -379,7 +379,7 @@ def unlistable() -> NotClaimable:
     return NotClaimable(
         "ocrd's user may not list this folder, so the files in it cannot even be seen",
         "let ocrd's group read it (chgrp ocrd; chmod g+rx) or set the inbox up as the "
-        "README's 'A shared inbox' says",
+        "manual's 'A shared inbox' (docs/sharing.md) says",
     )
 
 

@@ -293,7 +293,7 @@ def describe(url_sources: bool = False) -> dict[str, Any]:
         "info": {
             "title": "ocrd: docling-serve's conversion API",
             "version": __version__,
-            "description": "docling-serve 1.31.0's v1 routes, answered by ocrd (README, "
+            "description": "docling-serve 1.31.0's v1 routes, answered by ocrd (docs/http.md, "
             "'docling-serve's API').",
         },
         "paths": {

@@ -1,5 +1,5 @@
-"""SECURITY.md names the test behind each promise: each named test exists, so the trust
-model cannot point at a test that was renamed or removed."""
+"""The documents stay true: each test SECURITY.md names behind a promise exists (the trust
+model cannot point at a test renamed or removed), and the README's links lead somewhere."""
 
 from __future__ import annotations
 
@@ -33,3 +33,12 @@ def test_every_test_security_md_names_exists() -> None:
     missing = [f"{m}::{n}" for m, n in named if n not in functions_in(m)]
     assert missing == []
     assert len(named) > 40  # the whole file was read
+
+
+def test_the_readmes_links_lead_to_files_that_exist() -> None:
+    """The README is the front page and not part of the manual's build (mkdocs checks the
+    manual's links): each of its relative links names a file of the checkout."""
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+    assert len(targets) > 10
+    assert [target for target in targets if not (ROOT / target).exists()] == []
