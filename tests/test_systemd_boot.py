@@ -253,7 +253,8 @@ def test_systemctl_reload_returns_once_the_new_configuration_is_served(guest: Gu
 
     served = ocrd_status(guest)  # at once: systemctl waited for the reload to be done
     assert served.returncode == 0, served.stdout + served.stderr
-    assert "inbox /srv/ocrd/reports/inbox: 0 waiting" in served.stdout, served.stdout
+    served_inbox = "inbox /srv/ocrd/reports/inbox (model deepseek-ocr-2): 0 waiting"
+    assert served_inbox in served.stdout, served.stdout
     current = state(guest)
     assert current["ActiveState"] == "active" and int(current["MainPID"]) == pid, current
     journal = guest.journal("ocrd")
