@@ -157,6 +157,9 @@ class PageImage:
     blank: bool = False  # nothing on it at this resolution (a scanned back, a separator)
     separator: SeparatorMark | None = None  # with split_on: whether it separates documents
     model: str | None = None  # the OCR model its inbox chose (None: the engine's only one)
+    # One region of a page (ocrd/engines/layout.py): the model's task it is read with
+    # (its prompt); None: a whole page, read with the prompt of the page's mode.
+    task: str | None = None
 
     @property
     def info(self) -> PageInfo:

@@ -2,8 +2,10 @@
 self-check page); nothing else names a model."""
 
 from ocrd.models.recipe import (
+    Element,
     ImageRule,
     ImageSize,
+    Layout,
     Model,
     NgramGuard,
     Prompt,
@@ -15,8 +17,10 @@ from ocrd.models.registry import DEFAULT, model, models
 
 __all__ = [
     "DEFAULT",
+    "Element",
     "ImageRule",
     "ImageSize",
+    "Layout",
     "Model",
     "NgramGuard",
     "Prompt",
