@@ -109,6 +109,7 @@ class Detectors:
             try:
                 answer: tuple[str, Any] = worker.connection.recv()
             except (EOFError, OSError):
+                worker.process.join(STOP_SECONDS)
                 code = worker.process.exitcode
                 raise DetectorError(f"the layout detector process ended (exit {code})") from None
             return answer
