@@ -100,7 +100,8 @@ def test_regions_are_read_with_their_element_prompts_in_order_with_their_boxes(
         [box] = block.boxes
         placed = Box.from_pixels(region.x1, region.y1, region.x2, region.y2, width, height)
         # GLM-OCR's boxes are whole thousandths of the page
-        assert max(abs(a - b) for a, b in zip(box.scaled(1, 1), placed.scaled(1, 1))) < 0.002
+        corners = zip(box.scaled(1, 1), placed.scaled(1, 1), strict=True)
+        assert max(abs(a - b) for a, b in corners) < 0.002
         if element.task is None:
             assert block.content == ""
         else:

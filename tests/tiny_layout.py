@@ -79,8 +79,6 @@ def build_tiny_detector(folder: Path, queries: int = 40, safetensors: bool = Tru
         label2id={name: index for index, name in labels.items()},
     )
     folder.mkdir(parents=True, exist_ok=True)
-    RTDetrForObjectDetection(config).eval().save_pretrained(
-        folder, safe_serialization=safetensors
-    )
+    RTDetrForObjectDetection(config).eval().save_pretrained(folder, safe_serialization=safetensors)
     RTDetrImageProcessor(size={"height": 160, "width": 160}).save_pretrained(folder)
     return folder

@@ -32,7 +32,7 @@ from ocrd.config import LayoutConfig, PromptMode
 from ocrd.domain import PageImage, PageText
 from ocrd.engines.base import Engine, EngineError, EngineHealth, EngineStartError, ReplicaFacts
 from ocrd.layout import DetectorError, Detectors, DetectorSettings, Region, cleaned, reading_order
-from ocrd.models import Element, Layout, Model
+from ocrd.models import Layout, Model, RegionKind
 from ocrd.text.grounding import Block, Box
 
 PUBLISHED = "published"  # engine.layout.detector: the checkpoint the model's pipeline names
@@ -133,7 +133,7 @@ class LayoutEngine:
             model=self.recipe.name,
         )
 
-    async def regions(self, page: PageImage) -> list[tuple[Region, Element]]:
+    async def regions(self, page: PageImage) -> list[tuple[Region, RegionKind]]:
         """The page's regions to keep, in reading order, each with what it becomes."""
         try:
             found = await self.detectors.detect(page.image)
@@ -150,7 +150,7 @@ class LayoutEngine:
         self,
         page: PageImage,
         region: Region,
-        element: Element,
+        element: RegionKind,
         mode: PromptMode,
         priority: int,
     ) -> PageText | None:
@@ -170,7 +170,7 @@ def _cut(image: Image.Image, region: Region) -> Image.Image:
 
 
 def _block(
-    region: Region, element: Element, answer: PageText | None, size: tuple[int, int]
+    region: Region, element: RegionKind, answer: PageText | None, size: tuple[int, int]
 ) -> Block:
     """One region's block: its element's label, its box, the model's answer as Markdown."""
     box = Box.from_pixels(region.x1, region.y1, region.x2, region.y2, *size)

@@ -33,7 +33,7 @@ class DetectorError(Exception):
 
 
 @dataclass
-class _Worker:
+class _DetectorProcess:
     process: BaseProcess
     connection: Connection
 
@@ -46,8 +46,8 @@ class Detectors:
         self.timeout = timeout
         self.size = workers
         self.labels: list[str] = []
-        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
-        self._all: list[_Worker] = []
+        self._idle: asyncio.Queue[_DetectorProcess] = asyncio.Queue()
+        self._all: list[_DetectorProcess] = []
 
     async def start(self) -> None:
         """Start every process and wait for each to load the checkpoint; DetectorError
@@ -56,7 +56,7 @@ class Detectors:
             worker = await self._started()
             self._idle.put_nowait(worker)
 
-    async def _started(self) -> _Worker:
+    async def _started(self) -> _DetectorProcess:
         context = multiprocessing.get_context("spawn")  # no copy of the daemon's threads
         ours, theirs = context.Pipe()
         process = context.Process(
@@ -64,7 +64,7 @@ class Detectors:
         )
         process.start()
         theirs.close()
-        worker = _Worker(process, ours)
+        worker = _DetectorProcess(process, ours)
         self._all.append(worker)
         answer = await self._answer(worker, self.timeout)
         if answer[0] != "ready":
@@ -89,7 +89,7 @@ class Detectors:
             raise DetectorError(f"the layout detector failed on the page: {found}")
         return _scaled(found, scale)
 
-    async def _ask(self, worker: _Worker, view: Image.Image) -> tuple[str, Any]:
+    async def _ask(self, worker: _DetectorProcess, view: Image.Image) -> tuple[str, Any]:
         """The worker's answer for one page; a worker that fails to answer is ended (the
         next page starts another)."""
         try:
@@ -102,7 +102,7 @@ class Detectors:
             await asyncio.to_thread(self._end, worker)
             raise
 
-    async def _answer(self, worker: _Worker, timeout: float) -> tuple[str, Any]:
+    async def _answer(self, worker: _DetectorProcess, timeout: float) -> tuple[str, Any]:
         def receive() -> tuple[str, Any]:
             if not worker.connection.poll(timeout):
                 raise DetectorError(f"no answer from the layout detector in {timeout:g} s")
@@ -116,7 +116,7 @@ class Detectors:
 
         return await asyncio.to_thread(receive)
 
-    def _end(self, worker: _Worker) -> None:
+    def _end(self, worker: _DetectorProcess) -> None:
         with contextlib.suppress(OSError):
             worker.connection.close()
         if worker.process.is_alive():

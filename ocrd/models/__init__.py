@@ -2,7 +2,6 @@
 self-check page); nothing else names a model."""
 
 from ocrd.models.recipe import (
-    Element,
     ImageRule,
     ImageSize,
     Layout,
@@ -10,6 +9,7 @@ from ocrd.models.recipe import (
     NgramGuard,
     Prompt,
     Reading,
+    RegionKind,
     Sampling,
     SelfCheck,
 )
@@ -17,7 +17,6 @@ from ocrd.models.registry import DEFAULT, model, models
 
 __all__ = [
     "DEFAULT",
-    "Element",
     "ImageRule",
     "ImageSize",
     "Layout",
@@ -25,6 +24,7 @@ __all__ = [
     "NgramGuard",
     "Prompt",
     "Reading",
+    "RegionKind",
     "Sampling",
     "SelfCheck",
     "model",

@@ -40,13 +40,13 @@ from typing import Any
 
 from ocrd.models.markdown_blocks import markdown_blocks, thousandths_box
 from ocrd.models.recipe import (
-    Element,
     ImageRule,
     ImageSize,
     Layout,
     Model,
     Prompt,
     Reading,
+    RegionKind,
     Sampling,
     SelfCheck,
 )
@@ -77,12 +77,12 @@ LAYOUT = Layout(
     detector="PaddlePaddle/PP-DocLayoutV3_safetensors",
     threshold=0.3,
     elements={
-        **{label: Element(kind, "text") for label, kind in _TEXT_LABELS.items()},
-        "table": Element("table", "table"),
-        "display_formula": Element("equation", "formula"),
-        "inline_formula": Element("equation", "formula"),
-        "image": Element("image", None),
-        "chart": Element("image", None),
+        **{label: RegionKind(kind, "text") for label, kind in _TEXT_LABELS.items()},
+        "table": RegionKind("table", "table"),
+        "display_formula": RegionKind("equation", "formula"),
+        "inline_formula": RegionKind("equation", "formula"),
+        "image": RegionKind("image", None),
+        "chart": RegionKind("image", None),
     },
     dropped=frozenset(
         {"header", "footer", "number", "footnote", "aside_text", "reference"}

@@ -44,13 +44,13 @@ from typing import Any
 
 from ocrd.models.markdown_blocks import markdown_blocks
 from ocrd.models.recipe import (
-    Element,
     ImageRule,
     ImageSize,
     Layout,
     Model,
     Prompt,
     Reading,
+    RegionKind,
     Sampling,
     SelfCheck,
 )
@@ -88,16 +88,16 @@ LAYOUT = Layout(
     detector="PaddlePaddle/PP-DocLayoutV3_safetensors",
     threshold=0.5,
     elements={
-        **{label: Element(kind, "ocr") for label, kind in _KINDS.items()},
-        "table": Element("table", "table"),
-        "display_formula": Element("equation", "formula"),
-        "inline_formula": Element("equation", "formula"),
-        "image": Element("image", None),
-        "header_image": Element("image", None),
-        "footer_image": Element("image", None),
-        "chart": Element("image", None),  # `use_chart_recognition` is off by default
+        **{label: RegionKind(kind, "ocr") for label, kind in _KINDS.items()},
+        "table": RegionKind("table", "table"),
+        "display_formula": RegionKind("equation", "formula"),
+        "inline_formula": RegionKind("equation", "formula"),
+        "image": RegionKind("image", None),
+        "header_image": RegionKind("image", None),
+        "footer_image": RegionKind("image", None),
+        "chart": RegionKind("image", None),  # `use_chart_recognition` is off by default
     },
-    fallback=Element("text", "ocr"),
+    fallback=RegionKind("text", "ocr"),
 )
 MAX_PAGES = 1000  # pages read from one answer; more is no page's answer
 

@@ -106,7 +106,7 @@ class SelfCheck:
 
 
 @dataclass(frozen=True)
-class Element:
+class RegionKind:
     """What a layout region of one detector label becomes: a block of `label` (ocrd's
     block labels, those the model's own parser gives), read with the model's prompt for
     `task` (None: kept as a region, not read, as figures are)."""
@@ -124,11 +124,11 @@ class Layout:
 
     detector: str
     threshold: float
-    elements: dict[str, Element]
+    elements: dict[str, RegionKind]
     dropped: frozenset[str] = frozenset()
-    fallback: Element = Element("text", "text")
+    fallback: RegionKind = RegionKind("text", "text")
 
-    def element(self, label: str) -> Element | None:
+    def element(self, label: str) -> RegionKind | None:
         """What a region of `label` becomes; None where the pipeline drops it."""
         if label in self.dropped:
             return None
