@@ -11,6 +11,8 @@ which region goes with which prompt, in which order, where its block lands.
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import math
 import random
@@ -20,6 +22,8 @@ from typing import Any
 
 import pymupdf
 import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
 from conftest import files_under, write_config
 from PIL import Image
 from tiny_layout import build_tiny_detector
@@ -27,9 +31,10 @@ from tiny_layout import build_tiny_detector
 from ocrd.config import EngineConfig, LayoutConfig, PromptMode, SimulatedConfig
 from ocrd.domain import PageImage
 from ocrd.engines import create_engine
-from ocrd.engines.base import EngineStartError
+from ocrd.engines.base import EngineDeadError, EngineStartError, EngineState
 from ocrd.engines.layout import LayoutEngine
 from ocrd.engines.simulated import SimulatedEngine
+from ocrd.engines.simulated_server import SimulatedReplica, parse_args
 from ocrd.layout import Detection, Region, cleaned, reading_order
 from ocrd.layout.regions import MIN_SIDE
 from ocrd.models import model
@@ -173,12 +178,10 @@ class HostileDetectors:
         return None
 
 
-def test_a_page_with_thousands_of_regions_sends_at_most_max_regions_requests(
-    detector: Path,
-) -> None:
+def test_a_page_with_thousands_of_regions_sends_at_most_max_regions_requests() -> None:
     recipe = model("paddleocr-vl-1.5")
     inner = SimulatedEngine(SimulatedConfig(seconds_per_page=0.0, capacity=256), recipe)
-    settings = LayoutConfig(detector=str(detector), max_regions=30)
+    settings = LayoutConfig(detector="never/loaded", max_regions=30)
     engine = LayoutEngine(inner, recipe, settings)
     chance = random.Random(5)
     boxes = [
@@ -196,6 +199,11 @@ def test_a_page_with_thousands_of_regions_sends_at_most_max_regions_requests(
     engine.detectors = HostileDetectors([Region("text", 1.0, 5, 5, 5, 5)])  # type: ignore[assignment]
     whole = asyncio.run(engine.recognise(page, PromptMode.layout))
     assert "Simulated page 1" in whole.text and inner._done == len(blocks) + 1
+    # A region the engine fails on fails the page with the engine's own error.
+    engine.detectors = HostileDetectors(boxes)  # type: ignore[assignment]
+    inner.health.set(EngineState.dead, "the simulated engine was stopped")
+    with pytest.raises(EngineDeadError, match="was stopped"):
+        asyncio.run(engine.recognise(page, PromptMode.layout))
 
 
 def test_a_detector_checkpoint_in_pickle_format_is_refused_with_the_reason(
@@ -303,3 +311,34 @@ def test_daemon_reads_a_scan_region_by_region_into_every_output(
     for word in words:
         assert any(box.contains(pymupdf.Rect(word[:4])) for box in boxes), word
     assert daemon.stop() == 0
+
+
+def test_simulated_server_answers_each_element_prompt_as_one_element() -> None:
+    """The stand-in `vllm serve` (ocrd/engines/simulated_server.py) started with
+    --reads-elements answers a region as the model answers one; without it, a page."""
+
+    async def ask(flags: list[str], prompt: str) -> str:
+        args = parse_args(["--replica", "1", "--port", "1", "--model", "glm-ocr", *flags])
+        args.seconds_per_page = 0.0
+        picture = io.BytesIO()
+        Image.new("RGB", (300, 120), "white").save(picture, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode()
+        content = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": prompt},
+        ]
+        body = {"model": "glm-ocr", "messages": [{"role": "user", "content": content}]}
+        async with TestServer(SimulatedReplica(args).app()) as server, ClientSession() as client:
+            answer = await client.post(server.make_url("/v1/chat/completions"), json=body)
+            assert answer.status == 200
+            data = await answer.json()
+        return str(data["choices"][0]["message"]["content"])
+
+    table = asyncio.run(ask(["--reads-elements"], "Table Recognition:"))
+    assert table.startswith("<table>") and "<td>300x120</td>" in table
+    formula = asyncio.run(ask(["--reads-elements"], "Formula Recognition:"))
+    assert formula == "x_{0} = 300 \\times 120"
+    text = asyncio.run(ask(["--reads-elements"], "Text Recognition:"))
+    assert text.startswith("Simulated text of page 0: region 300x120 px")
+    page = asyncio.run(ask([], "Text Recognition:"))
+    assert json.loads(page)[0][0]["content"] == "# Simulated page 0"

@@ -115,11 +115,14 @@ class LayoutEngine:
         regions = await self.regions(page)
         if not regions:  # nothing found: the page is read whole
             return await self.engine.recognise(page, mode, priority)
-        async with asyncio.TaskGroup() as group:  # one failure cancels the rest
-            tasks = [
-                group.create_task(self._read(page, region, element, mode, priority))
-                for region, element in regions
-            ]
+        try:
+            async with asyncio.TaskGroup() as group:  # one failure cancels the rest
+                tasks = [
+                    group.create_task(self._read(page, region, element, mode, priority))
+                    for region, element in regions
+                ]
+        except BaseExceptionGroup as failed:  # the page fails as its first region did
+            raise failed.exceptions[0] from None
         size = page.image.size
         answers = [task.result() for task in tasks]
         blocks = [_block(r, e, a, size) for (r, e), a in zip(regions, answers, strict=True)]
