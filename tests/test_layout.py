@@ -15,8 +15,10 @@ import base64
 import io
 import json
 import math
+import os
 import random
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +84,28 @@ def test_regions_are_read_with_their_element_prompts_in_order_with_their_boxes(
     engine = LayoutEngine(inner, recipe, settings)
     page = rendered_page(corpus, "glm-ocr")
 
-    async def read() -> tuple[list[Any], Any]:
+    async def read() -> tuple[list[Any], Any, Any]:
         await engine.start()
         try:
-            return await engine.regions(page), await engine.recognise(page, PromptMode.layout)
+            regions = await engine.regions(page)
+            text = await engine.recognise(page, PromptMode.layout)
+            return regions, text, await after_a_detector_death()
         finally:
             await engine.stop()
 
-    regions, text = asyncio.run(read())
+    async def after_a_detector_death() -> Any:
+        """The detector process killed: the next page starts a new one, which finds the
+        same regions."""
+        [process] = [worker.process for worker in engine.detectors._all]
+        os.kill(process.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        await asyncio.to_thread(process.join)
+        found = await engine.regions(page)
+        [restarted] = [worker.process for worker in engine.detectors._all]
+        assert restarted.pid != process.pid and restarted.is_alive()
+        return found
+
+    regions, text, again = asyncio.run(read())
+    assert again == regions
     # The detector's regions, less those the SDK abandons, each read once (images not).
     read_regions = [region for region, element in regions if element.task is not None]
     assert len(read_regions) >= 5 and inner._done == len(read_regions)

@@ -99,7 +99,11 @@ class LayoutEngine:
                 "checkpoint (a folder with config.json, preprocessor_config.json and "
                 "model.safetensors, or a hub id) that the installed transformers can load"
             ) from None
-        await self.engine.start()
+        try:
+            await self.engine.start()
+        except BaseException:
+            await self.detectors.stop()
+            raise
 
     async def check_health(self) -> None:
         await self.engine.check_health()
