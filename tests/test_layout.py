@@ -265,6 +265,7 @@ def test_a_detector_is_configured_per_model_and_refused_for_a_whole_page_model()
         create_engine(refused, "simulated")
 
 
+@pytest.mark.slow
 def test_daemon_reads_a_scan_region_by_region_into_every_output(
     detector: Path, tmp_path: Path, corpus: Path, start_daemon: Any
 ) -> None:
