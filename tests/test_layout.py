@@ -359,3 +359,24 @@ def test_simulated_server_answers_each_element_prompt_as_one_element() -> None:
     assert text.startswith("Simulated text of page 0: region 300x120 px")
     page = asyncio.run(ask([], "Text Recognition:"))
     assert json.loads(page)[0][0]["content"] == "# Simulated page 0"
+
+
+def test_paddleocr_vl_tables_in_otsl_become_html_tables_with_their_spans() -> None:
+    layout = model("paddleocr-vl-1.5").layout
+    assert layout is not None
+    otsl = "<fcel>Name<fcel>Q1<lcel><nl><fcel>A<fcel>1<fcel>2<nl><ucel><fcel>3<ecel><nl>"
+    assert layout.content("table", otsl) == (
+        '<table><tr><td>Name</td><td colspan="2">Q1</td></tr>'
+        '<tr><td rowspan="2">A</td><td>1</td><td>2</td></tr>'
+        "<tr><td>3</td><td></td></tr></table>"
+    )
+    # A cell's text is text, never markup; other tasks' answers and HTML stay as they are.
+    hostile = layout.content("table", "<fcel><script>alert(1)</script><nl>")
+    assert hostile == "<table><tr><td>&lt;script&gt;alert(1)&lt;/script&gt;</td></tr></table>"
+    assert layout.content("ocr", "<fcel>x") == "<fcel>x"
+    assert layout.content("table", "<table><tr><td>x</td></tr></table>").count("<table>") == 1
+    # A tall merged column is one cell, worked out in one pass.
+    tall = layout.content("table", "<fcel>top<nl>" + "<ucel><nl>" * 20_000)
+    assert (
+        tall == '<table><tr><td rowspan="20001">top</td></tr>' + "<tr></tr>" * 20_000 + "</table>"
+    )

@@ -129,7 +129,10 @@ class LayoutEngine:
             raise failed.exceptions[0] from None
         size = page.image.size
         answers = [task.result() for task in tasks]
-        blocks = [_block(r, e, a, size) for (r, e), a in zip(regions, answers, strict=True)]
+        blocks = [
+            _block(r, e, self._content(e, a), size)
+            for (r, e), a in zip(regions, answers, strict=True)
+        ]
         unfinished = [a.finish_reason for a in answers if a is not None and not a.finished]
         return PageText(
             text=self.recipe.write(blocks, self.recipe.image.fitted(*size)),
@@ -139,6 +142,12 @@ class LayoutEngine:
             seconds=time.monotonic() - started,
             model=self.recipe.name,
         )
+
+    def _content(self, element: RegionKind, answer: PageText | None) -> str:
+        """A region's answer as the model's pipeline makes it a block's content."""
+        if answer is None or element.task is None:
+            return ""
+        return self.layout.content(element.task, answer.text.strip())
 
     async def regions(self, page: PageImage) -> list[tuple[Region, RegionKind]]:
         """The page's regions to keep, in reading order, each with what it becomes."""
@@ -176,12 +185,9 @@ def _cut(image: Image.Image, region: Region) -> Image.Image:
     return crop
 
 
-def _block(
-    region: Region, element: RegionKind, answer: PageText | None, size: tuple[int, int]
-) -> Block:
+def _block(region: Region, element: RegionKind, text: str, size: tuple[int, int]) -> Block:
     """One region's block: its element's label, its box, the model's answer as Markdown."""
     box = Box.from_pixels(region.x1, region.y1, region.x2, region.y2, *size)
-    text = answer.text.strip() if answer is not None else ""
     label = element.label
     if label in HEADINGS and text and not text.startswith("#"):
         text = HEADINGS[label] + text

@@ -19,7 +19,8 @@ checkpoint is PaddlePaddle/PP-DocLayoutV3_safetensors, loaded by transformers'
 order). Its 25 labels, and the layout score threshold 0.5, are those of PaddleOCR-VL.en.md
 (the `layout_det_res` example: cls_id 6 doc_title, 14 image, 17 paragraph_title, 22 text,
 24 vision_footnote; the parameter table: `layout_threshold` 0.5). Which label gets which
-prompt follows the pipeline: tables, formulas, charts (only with `use_chart_recognition`,
+prompt follows the pipeline: tables (answered in OTSL, which the pipeline turns into an
+HTML table, as ocrd/models/otsl.py does), formulas, charts (only with `use_chart_recognition`,
 off by default: a chart is then kept as an image), every other region `OCR:`; images are
 kept, not read; headers, footers and page numbers are read too (the pipeline's
 `parsing_res_list` lists them), as furniture.
@@ -43,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ocrd.models.markdown_blocks import markdown_blocks
+from ocrd.models.otsl import otsl_html
 from ocrd.models.recipe import (
     ImageRule,
     ImageSize,
@@ -84,6 +86,14 @@ _KINDS = {  # the detector's labels that are not plain text, as ocrd's blocks
     "header": "header",
     "footer": "footer",
 }
+
+
+def element_content(task: str, answer: str) -> str:
+    """A region's answer as its block's content: a table's OTSL as HTML, as the pipeline
+    does; every other answer as it is."""
+    return otsl_html(answer) if task == "table" else answer
+
+
 LAYOUT = Layout(
     detector="PaddlePaddle/PP-DocLayoutV3_safetensors",
     threshold=0.5,
@@ -98,6 +108,7 @@ LAYOUT = Layout(
         "chart": RegionKind("image", None),  # `use_chart_recognition` is off by default
     },
     fallback=RegionKind("text", "ocr"),
+    content=element_content,
 )
 MAX_PAGES = 1000  # pages read from one answer; more is no page's answer
 

@@ -127,6 +127,9 @@ class Layout:
     elements: dict[str, RegionKind]
     dropped: frozenset[str] = frozenset()
     fallback: RegionKind = RegionKind("text", "text")
+    # A region's answer as its block's content, by the task it was read with (PaddleOCR-VL
+    # answers tables in OTSL, which its pipeline turns into HTML).
+    content: Callable[[str, str], str] = field(repr=False, default=lambda task, answer: answer)
 
     def element(self, label: str) -> RegionKind | None:
         """What a region of `label` becomes; None where the pipeline drops it."""
