@@ -253,7 +253,18 @@ def compare(
         raise click.BadParameter(str(error), param_hint="SAMPLE") from None
     for line in documents.left_out:
         _say(f"left out of the sample: {line}")
+    if diff_folder is not None:
+        _made(diff_folder)
     sys.exit(_compare_models(config_path, config, pair, documents, diff_folder))
+
+
+def _made(folder: Path) -> None:
+    """The --diff folder, made before the models read anything: one that cannot be made
+    is said at once."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise click.BadParameter(f"{folder}: {error.strerror}", param_hint="--diff") from None
 
 
 def _say(line: str) -> None:
@@ -291,8 +302,8 @@ def _compare_models(
         click.echo(f"ocrd: {config_path}: {error}", err=True)
         return EXIT_CONFIG
     for plan in plans:
-        if plan.gpu_warning is not None:
-            _say(plan.gpu_warning)
+        if plan.warning is not None:
+            _say(plan.warning)
     try:
         runs = asyncio.run(read_with_both(plans, sample, config.pipeline, _say))
     except EngineNotReady as error:
@@ -301,7 +312,13 @@ def _compare_models(
     compared = compare_runs(sample, runs)
     click.echo(report(runs, compared), nl=False)
     if diff_folder is not None:
-        written = write_readings(diff_folder, runs, compared)
+        try:
+            written = write_readings(diff_folder, runs, compared)
+        except OSError as error:
+            click.echo(
+                f"ocrd: the readings could not be written to {diff_folder}: {error}", err=True
+            )
+            return 1
         click.echo(f"{len(written)} files written to {diff_folder}")
     failed = any(r.failure is not None for run in runs for r in run.readings.values())
     return 1 if failed else 0

@@ -80,6 +80,7 @@ def test_a_sample_read_by_two_models_shows_their_pace_agreement_and_diffs(
     folder.mkdir()
     make_pdf(folder / "letter.pdf", 2)
     (folder / "notes.txt").write_text("not a page\n")
+    (folder / "linked.pdf").symlink_to(corpus / "real" / "ocrmypdf__linn.pdf")
     real = [corpus / "real" / name for name in REAL]
     out = tmp_path / "diffs"
 
@@ -87,6 +88,10 @@ def test_a_sample_read_by_two_models_shows_their_pace_agreement_and_diffs(
 
     assert result.returncode == 0, result.stderr
     assert "left out of the sample: scans/notes.txt: not a PDF" in result.stderr
+    assert "left out of the sample: scans/linked.pdf: a symbolic link, never followed" in (
+        result.stderr
+    )
+    assert "linked" not in result.stdout
     assert "A: deepseek-ocr-2, engine simulated" in result.stdout
     assert "B: lightonocr-2, engine openai" in result.stdout
     pages = {path.name: pymupdf.open(path).page_count for path in real}

@@ -101,9 +101,9 @@ def gather_sample(paths: Sequence[Path]) -> Sample:
 
 def _folder_documents(folder: Path, left_out: list[str]) -> list[tuple[Path, str]]:
     files, skipped, unlistable = folder_files(folder)
-    left_out += skipped
-    left_out += [f"{name}: ocrd's user may not list this folder" for name in unlistable]
     top = folder.resolve().name or "sample"  # a sample in / still gets a name
+    left_out += [f"{printable(top)}/{entry}" for entry in skipped]
+    left_out += [f"{printable(top)}/{name}: this user may not list it" for name in unlistable]
     documents = []
     for path in files:
         label = f"{top}/{path.relative_to(folder).as_posix()}"
@@ -146,9 +146,16 @@ class ModelPlan:
     gpu_share: float | None  # vLLM started here: its share of each GPU's memory
 
     @property
-    def gpu_warning(self) -> str | None:
-        """What a user comparing beside a running daemon needs to know of a vLLM engine
-        that this command starts itself."""
+    def warning(self) -> str | None:
+        """What a user needs to know of this engine before it starts: a vLLM engine this
+        command starts itself needs GPU memory a running daemon may hold; RapidOCR (what
+        `auto` chooses without a GPU) reads without the model."""
+        if self.choice.kind == "rapidocr":
+            return (
+                f"{self.model}: its engine is RapidOCR ({self.choice.reason}), which reads "
+                "without any model: its reading says nothing of this model. Set the "
+                "engine's kind, or serve the model from vLLM servers (kind: openai)."
+            )
         if self.gpu_share is None:
             return None
         return (
