@@ -9,6 +9,7 @@ from the corpus, read in place; a real `ocrd compare` process.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -40,22 +41,26 @@ def ocrd_compare(
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture
-def lighton_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A simulated LightOnOCR-2 server on a loopback port, and the file it records each
-    request it is sent in."""
-    port, record = free_port(), tmp_path / "requests.log"
+@contextlib.contextmanager
+def lighton_server(*options: str) -> Iterator[str]:
+    """A simulated LightOnOCR-2 server on a loopback port (its URL), run with `options`."""
+    port = free_port()
     argv = [sys.executable, "-m", "ocrd.engines.simulated_server", "--replica", "1"]
     argv += ["--port", str(port), "--seconds-per-page", "0.01", "--model", "lightonocr-2"]
-    argv += ["--answers-test-page", "--record-file", str(record)]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen([*argv, *options], stdout=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_serving(url, process, "the simulated lightonocr-2 server")
-        yield f"{url}/v1", record
+        yield f"{url}/v1"
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
+
+
+def served_by(url: str, **openai: object) -> dict[str, object]:
+    """engine.models' entry for LightOnOCR-2 on the server at `url`, self-check on."""
+    served = {"base_urls": [url], **openai}
+    return {"lightonocr-2": {"kind": "openai", "self_check": True, "openai": served}}
 
 
 def row(stdout: str, first: str, model: str) -> list[str]:
@@ -71,20 +76,19 @@ def row(stdout: str, first: str, model: str) -> list[str]:
 
 
 def test_a_sample_read_by_two_models_shows_their_pace_agreement_and_diffs(
-    corpus: Path, tmp_path: Path, lighton_server: tuple[str, Path]
+    corpus: Path, tmp_path: Path
 ) -> None:
-    url, record = lighton_server
-    lighton = {"kind": "openai", "self_check": True, "openai": {"base_urls": [url]}}
-    config = write_config(tmp_path, engine={"models": {"lightonocr-2": lighton}})
     folder = tmp_path / "scans"
     folder.mkdir()
     make_pdf(folder / "letter.pdf", 2)
     (folder / "notes.txt").write_text("not a page\n")
     (folder / "linked.pdf").symlink_to(corpus / "real" / "ocrmypdf__linn.pdf")
     real = [corpus / "real" / name for name in REAL]
-    out = tmp_path / "diffs"
+    out, record = tmp_path / "diffs", tmp_path / "requests.log"
 
-    result = ocrd_compare(config, *map(str, real), str(folder), "--diff", str(out))
+    with lighton_server("--answers-test-page", "--record-file", str(record)) as url:
+        config = write_config(tmp_path, engine={"models": served_by(url)})
+        result = ocrd_compare(config, *map(str, real), str(folder), "--diff", str(out))
 
     assert result.returncode == 0, result.stderr
     assert "left out of the sample: scans/notes.txt: not a PDF" in result.stderr
@@ -189,12 +193,23 @@ def test_what_compare_cannot_use_is_refused_with_the_reason(tmp_path: Path) -> N
     assert refused.returncode == 78 and str(broken) in refused.stderr
 
     closed = f"http://127.0.0.1:{free_port()}/v1"
-    fleet = {"kind": "openai", "self_check": True, "openai": {"base_urls": [closed]}}
-    away = write_config(tmp_path / "away", engine={"models": {"lightonocr-2": fleet}})
+    away = write_config(tmp_path / "away", engine={"models": served_by(closed)})
     unreachable = ocrd_compare(away, str(sample))
     assert unreachable.returncode == 69
     assert "lightonocr-2: its openai engine is unreachable after its start" in unreachable.stderr
-    assert "Simulated page" not in unreachable.stdout  # nothing was read, nothing shown
+    assert unreachable.stdout == ""  # nothing was read, nothing shown
+
+    # A server that fails ocrd's test page is sent no page of the sample.
+    record = tmp_path / "garbling.log"
+    with lighton_server("--garble", "--record-file", str(record)) as url:
+        # No second test page within the run: the first try's answer is what counts.
+        models = served_by(url, retry_backoff_seconds=600)
+        garbling = write_config(tmp_path / "garbling", engine={"models": models})
+        garbled = ocrd_compare(garbling, str(sample), models=("lightonocr-2", "deepseek-ocr-2"))
+    assert garbled.returncode == 69
+    assert "lightonocr-2: its openai engine is garbled after its start" in garbled.stderr
+    assert record.read_text().count("POST /v1/chat/completions") == 1  # the test page alone
+    assert garbled.stdout == ""
 
 
 def test_readings_that_differ_only_in_markup_agree_fully() -> None:

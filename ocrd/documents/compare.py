@@ -265,6 +265,12 @@ async def read_sample(
 
 
 async def _started(plan: ModelPlan) -> None:
+    """The plan's engine started and serving; EngineNotReady otherwise (a daemon's pages
+    would wait for it; a comparison does not)."""
+    what_to_do = (
+        "\nocrd compare reads only with an engine that serves: start its servers or correct "
+        "its settings, then run it again"
+    )
     try:
         await plan.engine.start()
     except EngineStartError as error:
@@ -274,7 +280,7 @@ async def _started(plan: ModelPlan) -> None:
         problem = f": {health.problem}" if health.problem else ""
         raise EngineNotReady(
             f"{plan.model}: its {plan.choice.kind} engine is {health.state.value} after its "
-            f"start{problem}"
+            f"start{problem}{what_to_do}"
         )
 
 
