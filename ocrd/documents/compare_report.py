@@ -37,7 +37,8 @@ def compare_runs(sample: Sample, runs: tuple[ModelRun, ModelRun]) -> list[Docume
 def report(runs: tuple[ModelRun, ModelRun], compared: list[DocumentComparison]) -> str:
     """The table: per document, then in total, a line per model and one of agreement."""
     labels = [printable(c.label) for c in compared]
-    width = min(max(len("document"), *map(len, labels)), MOST_LABEL_WIDTH)
+    total_label = f"total ({len(compared)} document{'' if len(compared) == 1 else 's'})"
+    width = min(max(len(total_label), *map(len, labels)), MOST_LABEL_WIDTH)
     names = [run.model for run in runs]
     model_width = max(len("agreement"), *map(len, names))
     table = _Table(width, model_width, names)
@@ -46,7 +47,7 @@ def report(runs: tuple[ModelRun, ModelRun], compared: list[DocumentComparison]) 
         lines += table.document(label, comparison)
     read = [c for c in compared if c.agreement is not None]
     total = sum((c.agreement for c in read if c.agreement is not None), Agreement())
-    lines += table.total(runs, total if read else None, len(read), len(compared))
+    lines += table.total(runs, total if read else None, total_label, len(read) < len(compared))
     return "\n".join(lines) + "\n"
 
 
@@ -91,14 +92,15 @@ class _Table:
         return lines
 
     def total(
-        self, runs: tuple[ModelRun, ModelRun], total: Agreement | None, both: int, documents: int
+        self, runs: tuple[ModelRun, ModelRun], total: Agreement | None, label: str, part: bool
     ) -> list[str]:
+        """The sample's lines; `part`: the agreement is over the documents both read."""
         lines = []
         for index, run in enumerate(runs):
-            first = f"total ({documents} documents)" if index == 0 else ""
+            first = label if index == 0 else ""
             lines.append(self.row(first, run.model, _pace(run.pages, run.seconds)))
         if total is not None:
-            over = f" (over the {both} documents both read)" if both < documents else ""
+            over = " (over the documents both read)" if part else ""
             lines.append(self.row("", "agreement", self.agreement(total) + over))
         return lines
 
