@@ -36,8 +36,8 @@ def check_document(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
 def check_cells(cells: int, what: str, limits: OfficeLimits) -> None:
     if cells > limits.max_cells:
         raise OfficeRefused(
-            f"the {what} hold about {cells} cells, more than the {limits.max_cells} ocrd "
-            "converts; split it, or export the part you need",
+            f"too many cells: about {cells} in the {what}, more than the {limits.max_cells} "
+            "ocrd converts; split it, or export the part you need",
             Refusal.too_large,
         )
 

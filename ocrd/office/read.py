@@ -12,6 +12,7 @@ local, are never loaded (their pictures stay placeholders); charts are not rende
 from __future__ import annotations
 
 import io
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,7 @@ def without_torch() -> None:
     limit cannot map and a rule-based backend never uses; absent, docling takes its paths
     without it."""
     sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # not its "no PyTorch" notice
 
 
 def backend_for(fmt: InputFormat) -> tuple[Docling, type[DeclarativeDocumentBackend], Any]:
