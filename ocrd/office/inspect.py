@@ -14,7 +14,7 @@ from xml.etree import ElementTree
 
 from ocrd.domain import InputFormat
 from ocrd.office.detect import list_zip, read_part, refuse_declarations, zip_format
-from ocrd.office.limits import OfficeLimits, OfficeRefused, Refusal
+from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 
 XML_SUFFIXES = (".xml", ".rels", ".vml")
 HYPERLINK = "/hyperlink"  # an external relationship only a reader's click follows
@@ -38,7 +38,7 @@ def check_cells(cells: int, what: str, limits: OfficeLimits) -> None:
         raise OfficeRefused(
             f"too many cells: about {cells} in the {what}, more than the {limits.max_cells} "
             "ocrd converts; split it, or export the part you need",
-            Refusal.too_large,
+            OfficeRefusal.too_large,
         )
 
 
@@ -52,7 +52,9 @@ def check_ooxml(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
     """The archive's sizes, its type, and each XML part: no declarations, no external
     relationship that loads content, no more cells than the limit."""
     if zip_format(io.BytesIO(data), limits) is not fmt:
-        raise OfficeRefused("it is no longer the document it was detected as", Refusal.damaged)
+        raise OfficeRefused(
+            "it is no longer the document it was detected as", OfficeRefusal.damaged
+        )
     cells = 0
     with list_zip(io.BytesIO(data), limits) as archive:
         for info in archive.infolist():
@@ -74,7 +76,7 @@ def refuse_external(data: bytes, part: str) -> None:
     try:
         root = ElementTree.fromstring(data)
     except ElementTree.ParseError as error:
-        raise OfficeRefused(f"its part {part} is damaged: {error}", Refusal.damaged) from None
+        raise OfficeRefused(f"its part {part} is damaged: {error}", OfficeRefusal.damaged) from None
     for relationship in root:
         if relationship.get("TargetMode", "").lower() != "external":
             continue
@@ -85,5 +87,5 @@ def refuse_external(data: bytes, part: str) -> None:
         raise OfficeRefused(
             f"its part {part} links content from outside the file ({kind.rsplit('/', 1)[-1]}: "
             f"{target!r}); ocrd reads nothing outside the document: embed it instead",
-            Refusal.hostile,
+            OfficeRefusal.hostile,
         )

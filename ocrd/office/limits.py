@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
-class Refusal(StrEnum):
+class OfficeRefusal(StrEnum):
     """Why a file is refused (the render failure code it becomes)."""
 
     unsupported = "unsupported"
@@ -19,7 +19,7 @@ class Refusal(StrEnum):
 class OfficeRefused(Exception):
     """A file ocrd will not convert, with a reason for people."""
 
-    def __init__(self, message: str, code: Refusal = Refusal.unsupported) -> None:
+    def __init__(self, message: str, code: OfficeRefusal = OfficeRefusal.unsupported) -> None:
         super().__init__(message)
         self.code = code
 
