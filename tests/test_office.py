@@ -35,6 +35,7 @@ from office_files import (
     with_entity,
     with_linked_picture,
     with_macros,
+    with_template_link,
     word_file,
     zip_bomb,
 )
@@ -102,6 +103,13 @@ def test_archive_and_cell_limits_refuse_before_anything_is_parsed(tmp_path: Path
     with pytest.raises(RenderError, match="more than the 5000 entries ocrd opens") as refused:
         detect_format(many)
     assert refused.value.code.value == "too_large"
+
+    word = word_file(tmp_path / "w.docx", picture=False)
+    template = with_template_link(word, tmp_path / "template.docx")
+    check_document(template.read_bytes(), InputFormat.docx, OfficeLimits())  # never loaded
+    linked = with_linked_picture(word, tmp_path / "linked.docx", tmp_path / "secret.png")
+    with pytest.raises(OfficeRefused, match="links content from outside the file"):
+        check_document(linked.read_bytes(), InputFormat.docx, OfficeLimits())
 
     sheet = spreadsheet_file(tmp_path / "x.xlsx").read_bytes()
     check_document(sheet, InputFormat.xlsx, OfficeLimits(max_cells=6))  # it has six

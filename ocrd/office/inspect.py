@@ -17,7 +17,9 @@ from ocrd.office.detect import list_zip, read_part, refuse_declarations, zip_for
 from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 
 XML_SUFFIXES = (".xml", ".rels", ".vml")
-HYPERLINK = "/hyperlink"  # an external relationship only a reader's click follows
+# External relationships no reader loads: a hyperlink (followed by a reader's click) and
+# the template Word was made from (Word's own `C:\\...\\Normal.dotm` in many a file).
+NEVER_LOADED = ("/hyperlink", "/attachedTemplate")
 _CELL = re.compile(rb"<(?:\w+:)?c[\s>/]")
 _HTML_CELL = re.compile(rb"<t[dh][\s>/]", re.IGNORECASE)
 _SHOWN = 80
@@ -72,7 +74,8 @@ def check_ooxml(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
 def refuse_external(data: bytes, part: str) -> None:
     """A relationship whose target is outside the file (a linked picture, template, frame,
     OLE object or sub-document) is refused: ocrd reads nothing but the file. Hyperlinks
-    are kept: they are addresses a reader may click, never loaded."""
+    and the template's name are kept: no reader loads them (python-docx and python-pptx
+    never open an external target)."""
     try:
         root = ElementTree.fromstring(data)
     except ElementTree.ParseError as error:
@@ -81,7 +84,7 @@ def refuse_external(data: bytes, part: str) -> None:
         if relationship.get("TargetMode", "").lower() != "external":
             continue
         kind = relationship.get("Type", "")
-        if kind.endswith(HYPERLINK):
+        if kind.endswith(NEVER_LOADED):
             continue
         target = relationship.get("Target", "")[:_SHOWN]
         raise OfficeRefused(
