@@ -36,9 +36,14 @@ class OfficeLimits:
     max_zip_ratio: int = 200  # uncompressed / compressed, over the whole archive
     ratio_from_bytes: int = 10 * 1024 * 1024  # a small archive may compress as well as it likes
     max_part_bytes: int = 100 * 1024 * 1024  # one XML part
-    max_cells: int = 200_000  # a workbook's or CSV file's cells
+    # a workbook's, CSV file's or web page's cells: its DoclingDocument (about 500 bytes of
+    # JSON a cell) is held by the daemon while its outputs are written
+    max_cells: int = 50_000
     max_pictures: int = 50  # pictures read by the engine; the rest are kept unread
     max_picture_side: int = 2048  # a larger picture is scaled down before the engine
+    # the pictures' pixels all together (RGB, 3 bytes a pixel), held by the daemon until the
+    # engine has read them: the pictures past it are kept unread
+    max_picture_pixels: int = 40_000_000
 
     @property
     def max_unzipped_mb(self) -> int:

@@ -139,9 +139,10 @@ def convert(data: bytes, fmt: InputFormat) -> DoclingDocument:
 
 
 def take_pictures(doc: DoclingDocument, limits: OfficeLimits) -> tuple[list[OfficePicture], int]:
-    """Each picture's pixels (up to `max_pictures`), taken out of the document."""
+    """Each picture's pixels (up to `max_pictures`, and `max_picture_pixels` in all), taken
+    out of the document."""
     taken: list[OfficePicture] = []
-    unread = 0
+    unread, pixels = 0, 0
     for picture in doc.pictures:
         image = None
         if picture.image is not None and len(taken) < limits.max_pictures:
@@ -150,12 +151,14 @@ def take_pictures(doc: DoclingDocument, limits: OfficeLimits) -> tuple[list[Offi
             except Exception:  # an image docling kept but PIL cannot decode
                 image = None
         picture.image = None  # the outputs name no file: the picture's text stands for it
-        if image is None:
+        if image is not None:
+            image = image.convert("RGB")
+            image.thumbnail((limits.max_picture_side, limits.max_picture_side))
+        if image is None or pixels + image.width * image.height > limits.max_picture_pixels:
             unread += 1
             continue
-        rgb = image.convert("RGB")
-        rgb.thumbnail((limits.max_picture_side, limits.max_picture_side))
-        taken.append(OfficePicture(picture.self_ref, rgb.width, rgb.height, rgb.tobytes()))
+        pixels += image.width * image.height
+        taken.append(OfficePicture(picture.self_ref, image.width, image.height, image.tobytes()))
     return taken, unread
 
 
