@@ -8,6 +8,7 @@ a secret file beside the inbox shows up in no output, no log line and no answer.
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openpyxl
 import pytest
 from conftest import files_under
 from docling.service_client import DoclingServiceClient
@@ -115,6 +117,12 @@ def test_archive_and_cell_limits_refuse_before_anything_is_parsed(tmp_path: Path
     check_document(sheet, InputFormat.xlsx, OfficeLimits(max_cells=6))  # it has six
     with pytest.raises(OfficeRefused, match="too many cells: about 6 in the workbook"):
         check_document(sheet, InputFormat.xlsx, OfficeLimits(max_cells=5))
+    book = openpyxl.load_workbook(io.BytesIO(sheet))
+    book.active["XFD1048576"] = "far away"  # two cells, a grid of 17 billion
+    far = tmp_path / "far.xlsx"
+    book.save(far)
+    with pytest.raises(OfficeRefused, match="reaches row 1048576 and column 16384"):
+        check_document(far.read_bytes(), InputFormat.xlsx, OfficeLimits())
 
 
 def secret_files(folder: Path) -> tuple[str, Path, Path]:

@@ -21,6 +21,10 @@ XML_SUFFIXES = (".xml", ".rels", ".vml")
 # the template Word was made from (Word's own `C:\\...\\Normal.dotm` in many a file).
 NEVER_LOADED = ("/hyperlink", "/attachedTemplate")
 _CELL = re.compile(rb"<(?:\w+:)?c[\s>/]")
+_CELL_REFERENCE = re.compile(rb'<(?:\w+:)?c\s[^>]*?\br="([A-Z]{1,3})([0-9]{1,7})"')
+_MERGED_END = re.compile(
+    rb'<(?:\w+:)?mergeCell\s[^>]*?\bref="[A-Z$0-9]*:\$?([A-Z]{1,3})\$?([0-9]{1,7})"'
+)
 _HTML_CELL = re.compile(rb"<t[dh][\s>/]", re.IGNORECASE)
 _SHOWN = 80
 
@@ -69,6 +73,30 @@ def check_ooxml(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
             if fmt is InputFormat.xlsx and info.filename.startswith("xl/worksheets/"):
                 cells += len(_CELL.findall(part))
                 check_cells(cells, "workbook's sheets", limits)
+                check_grid(part, info.filename, limits)
+
+
+def column_number(letters: bytes) -> int:
+    number = 0
+    for letter in letters:
+        number = number * 26 + letter - ord("A") + 1
+    return number
+
+
+def check_grid(sheet: bytes, part: str, limits: OfficeLimits) -> None:
+    """A sheet's cells and merged ranges must not reach further than `max_sheet_grid`
+    cells from its corner (one cell at XFD1048576 makes a reader walk 17 billion)."""
+    rows, columns = 0, 0
+    for pattern in (_CELL_REFERENCE, _MERGED_END):
+        for letters, digits in pattern.findall(sheet):
+            rows, columns = max(rows, int(digits)), max(columns, column_number(letters))
+    if rows * columns > limits.max_sheet_grid:
+        raise OfficeRefused(
+            f"its sheet {part} reaches row {rows} and column {columns}, a grid of "
+            f"{rows * columns} cells, more than the {limits.max_sheet_grid} ocrd converts: "
+            "too many cells",
+            OfficeRefusal.too_large,
+        )
 
 
 def refuse_external(data: bytes, part: str) -> None:

@@ -39,6 +39,9 @@ class OfficeLimits:
     # a workbook's, CSV file's or web page's cells: its DoclingDocument (about 500 bytes of
     # JSON a cell) is held by the daemon while its outputs are written
     max_cells: int = 50_000
+    # rows x columns a sheet's cells and merged ranges reach: a few cells far apart make a
+    # grid a spreadsheet reader would walk whole
+    max_sheet_grid: int = 5_000_000
     max_pictures: int = 50  # pictures read by the engine; the rest are kept unread
     max_picture_side: int = 2048  # a larger picture is scaled down before the engine
     # the pictures' pixels all together (RGB, 3 bytes a pixel), held by the daemon until the
