@@ -43,6 +43,7 @@ from office_files import (
 )
 from test_uploads import AUTH, TOKEN, follow, upload, uploading_daemon
 
+from ocrd.documents.sources import Sources, page_files
 from ocrd.domain import InputFormat
 from ocrd.office.inspect import check_document
 from ocrd.office.limits import OfficeLimits, OfficeRefused
@@ -245,3 +246,16 @@ def test_office_files_dropped_uploaded_and_sent_come_out_as_a_pdf_does(
     assert token not in "".join(daemon.raw)
     assert SECRET_SEEN not in "".join(daemon.raw)
     assert token not in converted.document.export_to_markdown()
+
+
+def test_an_office_file_in_a_scan_job_is_left_out_with_the_reason(tmp_path: Path) -> None:
+    job = tmp_path / "scan-0001"
+    job.mkdir()
+    (job / "p1.png").write_bytes(picture_png())
+    word_file(job / "p2.docx", picture=False)
+    files, skipped = page_files(Sources.of(job))
+    assert [(path.name, fmt) for path, fmt in files] == [("p1.png", InputFormat.png)]
+    assert skipped == [
+        "p2.docx: a docx document is converted on its own, never as pages of a scan job or "
+        "duplex pair; drop it into the inbox by itself"
+    ]
