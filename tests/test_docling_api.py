@@ -147,11 +147,11 @@ def test_options_are_honoured_or_refused_by_name(
     picture = embedded["json_content"]["pictures"][0]
     assert picture["image"]["uri"].startswith("data:image/png;base64,")
     placeholder = convert(url, corpus / "scans" / "phototest.tif").json()["document"]
-    assert "<!-- image -->" in placeholder["md_content"] and "json_content" not in placeholder
+    assert "<!-- image -->" in placeholder["md_content"] and placeholder["json_content"] is None
 
     for field, value, named in (
         ("ocr_lang", "de", "ocr_lang"),
-        ("to_formats", "html", "to_formats"),
+        ("to_formats", "vtt", "to_formats"),
         ("do_picture_description", "true", "do_picture_description"),
         ("table_mode", "fast", "table_mode"),
         ("no_such_option", "1", "no_such_option"),

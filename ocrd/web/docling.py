@@ -8,9 +8,13 @@ own client, paperless-ngx's parser, RAG front ends) can call ocrd instead:
     POST /v1/convert/source/async   listed host), `options`, `target` (inbody)
     GET  /v1/status/poll/{task_id}  the task (`?wait=` seconds for it to settle)
     GET  /v1/result/{task_id}       its result: `document` (md_content, json_content,
-                                    text_content as to_formats asks), status, errors,
-                                    processing_time
+                                    html_content, text_content, doctags_content as
+                                    to_formats asks), status, errors, processing_time
+    POST /v1/chunk/{hybrid,hierarchical}/{file,source}[/async]
+                                    the same, answered with the document's chunks
+                                    (`ocrd/web/docling_chunks.py`)
     GET  /health                    docling-serve's liveness answer
+    GET  /version                   the versions of ocrd and docling-core
 
 A task is an upload into the configured inbox (`ocrd/uploads/uploads.py`) with a record of
 its options beside it (`ocrd/uploads/tasks.py`), written before the upload is in the inbox:
@@ -42,7 +46,6 @@ from ocrd.uploads.tasks import (
     MAX_RECORD_BYTES,
     TaskOptions,
     register,
-    remove_record,
     write_record,
 )
 from ocrd.web import apidocs
@@ -57,7 +60,7 @@ from ocrd.web.docling_chunks import (
     split_form,
 )
 from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form
-from ocrd.web.docling_sources import Fetched, file_source, url_source
+from ocrd.web.docling_sources import Fetched, file_source, url_source, write_fetched
 from ocrd.web.documents import Documents
 from ocrd.web.tasks import Images, Task, Tasks, TaskStatus
 from ocrd.web.uploading import Uploading
@@ -328,7 +331,8 @@ class DoclingApi:
             options, chunking = source_options(payload, chunker)
             fetched = await self._fetch(sources[0], spool)
             record = task_options(options, fetched.name, chunking)
-            return await asyncio.to_thread(self._write, inbox, fetched, record)
+            uploads = self.bodies.uploads
+            return await asyncio.to_thread(write_fetched, uploads, inbox, fetched, record)
 
     async def _fetch(self, source: dict[str, Any], spool: BinaryIO) -> Fetched:
         kind = source.get("kind", "file" if "base64_string" in source else None)
@@ -341,20 +345,6 @@ class DoclingApi:
                 source, docling.url_hosts, limit, self.config.upload_timeout_seconds
             )
         raise UploadRefused(422, f"source kind {kind!r} is not served (file, http)")
-
-    def _write(self, inbox: InboxConfig, fetched: Fetched, record: TaskOptions) -> Receiving:
-        receiving = self.bodies.uploads.begin(inbox, clean_filename(fetched.name), fetched.name)
-        try:
-            for piece in fetched.pieces():
-                receiving.write(piece)
-            write_record(receiving.folder, record)
-            register(inbox, receiving.id, record)
-            receiving.commit()
-        except BaseException:
-            receiving.abort()
-            remove_record(inbox, receiving.id)
-            raise
-        return receiving
 
     # --- answering -----------------------------------------------------------------------------
 
