@@ -111,7 +111,7 @@ def test_the_synchronous_routes_answer_when_done_in_every_format(
     )
     assert answer.status_code == 200, answer.text
     document = answer.json()["document"]
-    assert document["filename"] == "scan.tif" and "md_content" not in document
+    assert document["filename"] == "scan.tif" and document["md_content"] is None
     assert document["text_content"].startswith("This is a lot of 12 point text")
 
 

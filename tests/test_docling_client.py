@@ -12,6 +12,7 @@ other document keys null."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.slow
 
 DOCUMENT = "real/sample-files__google-doc-document.pdf"
 HEADING = "Example document"
+KEY = {"X-Api-Key": TOKEN}
 NOT_ASKED = ("md_content", "json_content", "text_content", "doclang_content")
 
 
@@ -113,7 +115,7 @@ def test_html_and_doctags_with_docling_serves_keys(
     pdf = corpus / DOCUMENT
     answer = httpx.post(
         f"{url}/v1/convert/file",
-        headers={"X-Api-Key": TOKEN},
+        headers=KEY,
         data={"to_formats": ["html", "doctags"]},
         files={"files": (pdf.name, pdf.read_bytes())},
         timeout=120,
@@ -135,7 +137,50 @@ def test_what_aiohttp_answers_itself_is_json_too(
     served: tuple[DaemonProcess, str], path: str, method: str
 ) -> None:
     _, url = served
-    answer = httpx.request(method, f"{url}{path}", headers={"X-Api-Key": TOKEN}, timeout=30)
+    answer = httpx.request(method, f"{url}{path}", headers=KEY, timeout=30)
     assert answer.status_code in (404, 405)
     assert answer.headers["Content-Type"].startswith("application/json")
     assert answer.json()["detail"]
+
+
+def test_chunking_options_are_honoured_or_refused_by_name(
+    served: tuple[DaemonProcess, str], corpus: Path
+) -> None:
+    """A source chunked by the hybrid chunker within `max_tokens`, with its raw text and
+    the converted document; a tokenizer ocrd would have to download, and an option the
+    hierarchical chunker has not, refused with 422 naming them."""
+    _, url = served
+    pdf = corpus / DOCUMENT
+    request = {
+        "sources": [
+            {
+                "kind": "file",
+                "filename": pdf.name,
+                "base64_string": base64.b64encode(pdf.read_bytes()).decode(),
+            }
+        ],
+        "chunking_options": {"max_tokens": 24, "include_raw_text": True},
+        "include_converted_doc": True,
+    }
+    answer = httpx.post(f"{url}/v1/chunk/hybrid/source", headers=KEY, json=request, timeout=120)
+    assert answer.status_code == 200, answer.text
+    chunks = answer.json()["chunks"]
+    assert len(chunks) > 3 and all(0 < chunk["num_tokens"] <= 24 for chunk in chunks)
+    assert chunks[0]["headings"] == [HEADING]
+    assert all(chunk["text"].endswith(chunk["raw_text"]) for chunk in chunks)  # no headings
+    converted = answer.json()["documents"][0]["content"]["json_content"]
+    assert headings(DoclingDocument.model_validate(converted)) == [HEADING]
+
+    for route, field, value in (
+        ("hybrid", "chunking_tokenizer", "Qwen/Qwen3-Embedding-0.6B"),
+        ("hierarchical", "chunking_max_tokens", "100"),
+    ):
+        refused = httpx.post(
+            f"{url}/v1/chunk/{route}/file/async",
+            headers=KEY,
+            data={field: value},
+            files={"files": (pdf.name, pdf.read_bytes())},
+            timeout=60,
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"].startswith(f"chunking_options.{field[9:]}")

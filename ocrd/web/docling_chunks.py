@@ -50,18 +50,21 @@ class ChunkingOptions(BaseModel):
         """These options, or OptionRefused naming one ocrd cannot honour."""
         if self.use_markdown_images:
             raise OptionRefused(
-                "use_markdown_images", "images are not put into chunks; leave it false"
+                "chunking_options.use_markdown_images",
+                "images are not put into chunks; leave it false",
             )
         if self.tokenizer != DEFAULT_TOKENIZER:
             raise OptionRefused(
-                "tokenizer",
+                "chunking_options.tokenizer",
                 f"{self.tokenizer!r} is not served: ocrd downloads no tokenizer and counts "
                 f"tokens as {DEFAULT_TOKENIZER!r} would, approximately",
             )
         if self.chunker == "hierarchical":
             for name in ("max_tokens", "tokenizer", "merge_peers"):
                 if name in self.model_fields_set:
-                    raise OptionRefused(name, "only the hybrid chunker takes it")
+                    raise OptionRefused(
+                        f"chunking_options.{name}", "only the hybrid chunker takes it"
+                    )
         return self
 
 
