@@ -24,6 +24,7 @@ from docling.service_client import AsyncDoclingServiceClient, DoclingServiceClie
 from docling.service_client.client import ChunkerKind
 from docling_core.types.doc.document import DoclingDocument
 from docling_core.types.doc.labels import DocItemLabel
+from helpers import make_pdf
 from test_uploads import TOKEN, WITH_TOKEN, base_url
 
 pytestmark = pytest.mark.slow
@@ -184,3 +185,23 @@ def test_chunking_options_are_honoured_or_refused_by_name(
         )
         assert refused.status_code == 422, refused.text
         assert refused.json()["detail"].startswith(f"chunking_options.{field[9:]}")
+
+
+def test_markup_in_a_document_is_text_in_its_html(
+    served: tuple[DaemonProcess, str], tmp_path: Path
+) -> None:
+    """A document's text is untrusted: markup in it comes back escaped in `html_content`
+    (a client may show the HTML in a browser), never as elements."""
+    _, url = served
+    pdf = make_pdf(tmp_path / "markup.pdf", 1, label='<img src=x onerror="alert(1)">')
+    answer = httpx.post(
+        f"{url}/v1/convert/file",
+        headers=KEY,
+        data={"to_formats": "html"},
+        files={"files": (pdf.name, pdf.read_bytes())},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    html = answer.json()["document"]["html_content"]
+    assert "&lt;img src=x onerror=" in html, html
+    assert "<img src=x" not in html

@@ -143,3 +143,19 @@ def test_the_served_routes_are_in_docling_serves_description() -> None:
     assert description["info"] == {"title": "Docling Serve", "version": "1.38.2"}
     labels = {f"{m.upper()} {p}" for p, methods in description["paths"].items() for m in methods}
     assert set(SERVED) <= labels
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/version"),
+        ("POST", "/v1/chunk/hybrid/file/async"),
+        ("POST", "/v1/chunk/hierarchical/source"),
+    ],
+)
+def test_the_new_routes_need_the_token(served: Served, method: str, path: str) -> None:
+    """Where loopback is not trusted, `/version` and the chunk routes answer 401 in
+    docling-serve's shape with a wrong key."""
+    answer = httpx.request(method, f"{served.url}{path}", headers={"X-Api-Key": "wrong"})
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["detail"]
