@@ -1,6 +1,6 @@
 """The conversion options of docling-serve's API, each honoured or refused, never ignored.
 
-Honoured: `to_formats` (md, json, text), `image_export_mode` (placeholder, embedded,
+Honoured: `to_formats` (md, json, text, html, doctags), `image_export_mode` (placeholder, embedded,
 referenced), `page_range`, `do_ocr` and `force_ocr` (the text layer against the pixels:
 ocrd's `pdf_text`), `include_images` (figures), `md_page_break_placeholder` (the page
 separator), `from_formats` (the file must be one of them), and options that change nothing
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ocrd.config import PdfText
 
-FORMATS = ("md", "json", "text")
+FORMATS = ("md", "json", "text", "html", "doctags")
 IMAGE_MODES = ("placeholder", "embedded", "referenced")
 ALL_PAGES = (1, sys.maxsize)
 # docling-serve's defaults (ConvertDocumentsOptions, docling-serve 1.31.0) of the options
