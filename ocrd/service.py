@@ -114,10 +114,14 @@ class Service:
         self.health_watch.ping_watchdog()
 
     async def drain(self) -> None:
-        """No new files; in-flight documents get the grace period, the rest stay claimed."""
+        """No new files; in-flight documents get the grace period, the rest stay claimed.
+        The documents are drained whatever stopping the intake met: the parts stopped after
+        this (the render pool, the engine) must never be stopped under a document."""
         self.notifier.stopping(f"draining {self.dispatcher.running} documents")
-        await self.intake.stop()
-        await self.dispatcher.drain(self.config.pipeline.shutdown_grace_seconds)
+        try:
+            await self.intake.stop()
+        finally:
+            await self.dispatcher.drain(self.config.pipeline.shutdown_grace_seconds)
 
     # --- several daemons on one inbox (the daemon's instances.LeaseListener) -------------
 
