@@ -37,6 +37,7 @@ from ocrd.config import HttpConfig, InboxConfig
 from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
 from ocrd.log import get_logger
+from ocrd.status import StatusReport
 from ocrd.uploads.receiving import Receiving, UploadRefused, clean_filename
 from ocrd.uploads.tasks import (
     MAX_RECORD_BYTES,
@@ -150,11 +151,14 @@ def too_many_waiting(limit: int) -> web.Response:
 class DoclingApi:
     """The routes of docling-serve's API, over the documents API's uploads."""
 
-    def __init__(self, api: Uploading, tasks: Tasks, config: HttpConfig) -> None:
+    def __init__(
+        self, api: Uploading, tasks: Tasks, config: HttpConfig, report: Callable[[], StatusReport]
+    ) -> None:
         self.bodies = api.bodies  # read as an upload's, under the same limits
         self.token = api.token
         self.tasks = tasks
         self.config = config
+        self.report = report  # the daemon's status: whether the inbox's model reads now
         self.log = get_logger()
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
@@ -423,15 +427,24 @@ class DoclingApi:
         return web.json_response(body, dumps=functools.partial(json.dumps, ensure_ascii=False))
 
     async def health(self, request: web.Request) -> web.Response:
-        """docling-serve's answer while conversions are taken; 503 naming why while every
-        one would be refused (no inbox takes uploads, no token), so that a client's or a
-        load balancer's health check sends no work here."""
+        """docling-serve's answer while conversions are taken and made; 503 naming why
+        while every one would be refused (no inbox takes uploads, no token), or would wait
+        (the model of the inbox tasks go to is paused: its engine takes no pages), so that a
+        client's or a load balancer's health check sends no work here."""
         try:
             self._admit_anyone()
         except UploadRefused as refused:
             return web.json_response(
                 {"status": "unavailable", "detail": refused.reason}, status=503
             )
+        inbox = self._inbox()
+        for status in self.report().inboxes:
+            if status.path == str(inbox.path) and status.paused:
+                detail = (
+                    f"the inbox {inbox.path} is paused: the engine of its model {inbox.model} "
+                    f"takes no pages ({status.paused}); tasks sent now wait until it reads again"
+                )
+                return web.json_response({"status": "unavailable", "detail": detail}, status=503)
         return web.json_response({"status": "ok"})
 
     def _admit_anyone(self) -> None:
@@ -443,12 +456,16 @@ class DoclingApi:
 
 
 def serve_docling_api(
-    app: web.Application, api: Uploading, documents: Documents, config: HttpConfig
+    app: web.Application,
+    api: Uploading,
+    documents: Documents,
+    config: HttpConfig,
+    report: Callable[[], StatusReport],
 ) -> None:
     """docling-serve's routes, the API page, and the tidying of expired tasks while the
     server runs."""
     tasks = Tasks(documents, lambda: documents.config)
-    DoclingApi(api, tasks, config).add_routes(app.router)
+    DoclingApi(api, tasks, config, report).add_routes(app.router)
     apidocs.add_routes(app.router, apidocs.describe(bool(config.docling.url_hosts)))
 
     async def tidying(app: web.Application) -> AsyncIterator[None]:
