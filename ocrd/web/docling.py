@@ -437,14 +437,9 @@ class DoclingApi:
             return web.json_response(
                 {"status": "unavailable", "detail": refused.reason}, status=503
             )
-        inbox = self._inbox()
-        for status in self.report().inboxes:
-            if status.path == str(inbox.path) and status.paused:
-                detail = (
-                    f"the inbox {inbox.path} is paused: the engine of its model {inbox.model} "
-                    f"takes no pages ({status.paused}); tasks sent now wait until it reads again"
-                )
-                return web.json_response({"status": "unavailable", "detail": detail}, status=503)
+        paused = paused_detail(self.report(), self._inbox())
+        if paused is not None:
+            return web.json_response({"status": "unavailable", "detail": paused}, status=503)
         return web.json_response({"status": "ok"})
 
     def _admit_anyone(self) -> None:
@@ -453,6 +448,17 @@ class DoclingApi:
                 403, f"converting needs a token, and {self.config.token_env} is not set"
             )
         self._inbox()
+
+
+def paused_detail(report: StatusReport, inbox: InboxConfig) -> str | None:
+    """Why the inbox tasks go to is paused (its model's engine takes no pages), or None."""
+    for status in report.inboxes:
+        if status.path == str(inbox.path) and status.paused:
+            return (
+                f"the inbox {inbox.path} is paused: the engine of its model {inbox.model} "
+                f"takes no pages ({status.paused}); tasks sent now wait until it reads again"
+            )
+    return None
 
 
 def serve_docling_api(
