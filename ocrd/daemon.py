@@ -198,7 +198,16 @@ class Daemon:
             await pipeline.renderers.warm_up()
             yield pipeline
         finally:
+            await self.documents_ended()
             pipeline.renderers.shutdown()
+
+    async def documents_ended(self) -> None:
+        """No document runs once this returns: the service's drain has waited for them;
+        should it have been cut short, those still running are stopped here (their claims
+        stay for the next start), so that the render pool and the engine are never stopped
+        under a document."""
+        if self.serving is not None:
+            await self.serving.dispatcher.drain(0)
 
     async def started_service(self, engine: Engine, pipeline: Pipeline, web: WebServer) -> Service:
         """Documents, intake and dispatch wired together; the inboxes watched."""

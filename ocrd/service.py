@@ -31,6 +31,7 @@ from ocrd.documents.dispatch import DocumentDispatcher
 from ocrd.documents.document import DocumentRunner
 from ocrd.documents.pipeline import Pipeline
 from ocrd.engines import Engine, EngineState, ReplicaFacts
+from ocrd.engines.models import model_health, pause_reason
 from ocrd.intake.inboxes import Inbox, Intake
 from ocrd.log import get_logger
 from ocrd.notify import ReloadRecord, SystemdNotifier
@@ -95,7 +96,8 @@ class Service:
         A stop asked for meanwhile ends it after the step under way (claiming ends at once:
         the dispatcher looks before each claim)."""
         self.dispatcher.add(await self.intake.collect())
-        if self.health_watch.watch(self.engine):
+        watched = self.health_watch.watch(self.engine)
+        if self.health_watch.watch_models(self.engine, self.inboxes_by_model()) or watched:
             self.report_status()
         if self.engine.health.state is EngineState.ready:
             await self.dispatcher.dispatch()
@@ -114,10 +116,14 @@ class Service:
         self.health_watch.ping_watchdog()
 
     async def drain(self) -> None:
-        """No new files; in-flight documents get the grace period, the rest stay claimed."""
+        """No new files; in-flight documents get the grace period, the rest stay claimed.
+        The documents are drained whatever stopping the intake met: the parts stopped after
+        this (the render pool, the engine) must never be stopped under a document."""
         self.notifier.stopping(f"draining {self.dispatcher.running} documents")
-        await self.intake.stop()
-        await self.dispatcher.drain(self.config.pipeline.shutdown_grace_seconds)
+        try:
+            await self.intake.stop()
+        finally:
+            await self.dispatcher.drain(self.config.pipeline.shutdown_grace_seconds)
 
     # --- several daemons on one inbox (the daemon's instances.LeaseListener) -------------
 
@@ -230,6 +236,19 @@ class Service:
             problems.append("stopping")
         return problems
 
+    def inboxes_by_model(self) -> dict[str, list[str]]:
+        """Each served model's inboxes (none for a model no inbox names)."""
+        served: dict[str, list[str]] = {m: [] for m in self.config.engine.served_models}
+        for inbox in self.config.inboxes:
+            served.setdefault(inbox.model, []).append(str(inbox.path))
+        return served
+
+    def paused_models(self) -> dict[str, str]:
+        """The models whose engine takes no pages now, and why: their inboxes' new
+        documents wait (the service's own problems say so where every model is down)."""
+        reasons = {m: pause_reason(model_health(self.engine, m)) for m in self.inboxes_by_model()}
+        return {model: reason for model, reason in reasons.items() if reason is not None}
+
     def attention(self) -> list[str]:
         """What needs a person although ocrd serves: files it cannot take, stuck claims."""
         stuck = [f"needs an operator: {reason}" for reason in self.runner.stuck.values()]
@@ -277,6 +296,7 @@ class Service:
             replicas=[replica_status(facts) for facts in self.engine.replicas],
             ready=not problems,
             problems=problems,
+            paused_models=self.paused_models(),
             attention=self.attention(),
             pages_per_second=round(self.activity.pages_per_second(), 3),
             documents_in_flight=self.dispatcher.running,
@@ -306,6 +326,7 @@ class Service:
             uploads=inbox.config.uploads,
             uploads_problem=self.web.uploads.unusable.get(root) if self.web.uploads else None,
             model=inbox.config.model,
+            paused=pause_reason(model_health(self.engine, inbox.config.model)),
         )
 
 

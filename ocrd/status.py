@@ -65,6 +65,8 @@ class InboxStatus(BaseModel):
     uploads: bool = False  # it takes uploads
     uploads_problem: str | None = None  # why its uploads folder cannot be used
     model: str | None = None  # the OCR model its new documents are read by
+    # Why its model's engine takes no pages now: its files wait (None: it converts).
+    paused: str | None = None
 
 
 class FinishedDocument(BaseModel):
@@ -144,6 +146,8 @@ class StatusReport(BaseModel):
     replicas: list[ReplicaStatus] = []
     ready: bool
     problems: list[str]  # why not ready
+    # The models whose engine takes no pages now, and why: only their inboxes wait.
+    paused_models: dict[str, str] = {}
     attention: list[str] = []  # what needs a person although ocrd serves (blocked files)
     pages_per_second: float
     documents_in_flight: int

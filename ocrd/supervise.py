@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from ocrd.engines import Engine, EngineDeadError, EngineState
+from ocrd.engines.models import model_health, pause_reason
 from ocrd.log import get_logger
 from ocrd.notify import SystemdNotifier
 
@@ -66,6 +67,7 @@ class HealthWatch:
         self.log = get_logger()
         self._state = EngineState.loading
         self._degraded: str | None = None
+        self._paused: dict[str, EngineState] = {}  # models whose engine takes no pages
         self._last_watchdog = 0.0
 
     @asynccontextmanager
@@ -110,6 +112,32 @@ class HealthWatch:
         changed."""
         degraded = self._watch_degraded(engine)
         return self._watch_state(engine) or degraded
+
+    def watch_models(self, engine: Engine, inboxes: dict[str, list[str]]) -> bool:
+        """Where several models are served (`inboxes`: each model's inboxes), log each
+        model whose engine stops taking pages, or takes them again: its inboxes pause or go
+        on, the others' are not touched. True if one did."""
+        if len(inboxes) < 2:
+            return False
+        paused: dict[str, EngineState] = {}
+        for model in inboxes:
+            health = model_health(engine, model)
+            if health.state is not EngineState.ready:
+                paused[model] = health.state
+                if self._paused.get(model) is not health.state:
+                    self.log.error(
+                        "model.paused",
+                        model=model,
+                        inboxes=inboxes[model],
+                        reason=pause_reason(health),
+                        action="its inboxes' files wait (nothing fails); the other models' "
+                        "inboxes go on; ocrd resumes them by itself once its engine reads",
+                    )
+        for model in self._paused.keys() - paused.keys():
+            self.log.info("model.resumed", model=model, inboxes=inboxes.get(model, []))
+        changed = paused != self._paused
+        self._paused = paused
+        return changed
 
     def _watch_state(self, engine: Engine) -> bool:
         health = engine.health

@@ -23,9 +23,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import files_under, write_config
+from conftest import NotifySocket, files_under, write_config
 from helpers import make_pdf
 from routed_fleet import wait_serving
+from test_uploads import WITH_TOKEN
 
 from ocrd.config import PromptMode, parse_config
 from ocrd.config.reload import plan_reload
@@ -416,3 +417,109 @@ def test_a_journal_line_is_read_back_by_the_parser_of_the_model_that_wrote_it() 
     unknown = text_from_record({**record, "model": "no-such-model"}).text
     assert unknown.model == "no-such-model"
     assert any("primary_language" in b.content for b in page_blocks(unknown, (600, 800)))
+
+
+def start_model_server(name: str, port: int, garble: bool) -> subprocess.Popen[bytes]:
+    """ocrd's simulated OpenAI-compatible server for model `name`: it reads ocrd's test page
+    (answering in the model's format), or garbles everything."""
+    env = {k: v for k, v in os.environ.items() if k != "OCRD_REPLICA_API_KEY"}
+    argv = [sys.executable, "-m", "ocrd.engines.simulated_server", "--replica", "1"]
+    argv += ["--port", str(port), "--seconds-per-page", "0.01", "--model", name]
+    argv += ["--answers-test-page"] + (["--garble"] if garble else [])
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    wait_serving(f"http://127.0.0.1:{port}", process, f"simulated {name} server")
+    return process
+
+
+RECHECK_SECONDS = 2  # how often the garbling model's server is asked to read again
+
+
+def test_a_garbling_model_pauses_only_its_own_inbox_and_resumes_once_its_server_reads(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    """Three inboxes on three models, each model's own server; olmOCR's garbles. Only the
+    olmOCR inbox pauses: its file waits in the inbox (not failed), the others convert; the
+    status, /api/status, /readyz, `ocrd status`, systemd's STATUS and docling's /health
+    (its tasks go to the paused inbox) say which model is paused and why. Once olmOCR's
+    server reads again, the held file converts."""
+    ports = {model: free_port() for model in MODELS.values()}
+    servers = {m: start_model_server(m, p, garble=m == "olmocr-2") for m, p in ports.items()}
+    notify = NotifySocket(tmp_path / "notify.sock")
+    try:
+        urls = {m: {"base_urls": [f"http://127.0.0.1:{p}/v1"]} for m, p in ports.items()}
+        olm_serving = {**urls["olmocr-2"], "self_check_repeat_seconds": RECHECK_SECONDS}
+        engine = {
+            "kind": "openai",
+            "self_check": True,
+            "openai": urls["deepseek-ocr-2"],
+            "models": {
+                "lightonocr-2": {"openai": urls["lightonocr-2"]},
+                "olmocr-2": {"openai": olm_serving},
+            },
+        }
+        inboxes = []
+        for folder, model in MODELS.items():
+            (tmp_path / folder / "inbox").mkdir(parents=True)
+            inbox = {"path": f"{folder}/inbox", "settle_seconds": 0.5, "model": model}
+            inboxes.append({**inbox, "uploads": True} if folder == "olm" else inbox)
+        config = write_config(tmp_path, engine=engine)
+        data = yaml.safe_load(config.read_text())
+        data["inboxes"] = inboxes
+        config.write_text(yaml.safe_dump(data))
+        env = {"NOTIFY_SOCKET": str(notify.path), **WITH_TOKEN}
+        daemon = start_daemon(config, env=env)
+        url = base_url(daemon)
+        daemon.wait_for("daemon.ready", timeout=90)
+        [paused] = daemon.wait_for("model.paused", model="olmocr-2", timeout=60)
+        assert paused["inboxes"] == [str(tmp_path / "olm" / "inbox")]
+        assert paused["reason"].startswith("garbled: ") and "output is garbled" in paused["reason"]
+        for folder in MODELS:
+            make_pdf(tmp_path / folder / "inbox" / f"{folder}.pdf", 2, label=folder)
+        daemon.wait_for("document.finished", count=2, timeout=120)
+        finished = {e["path"]: e["outcome"] for e in daemon.find("document.finished")}
+        assert finished == {"deskew.pdf": "done", "lighton.pdf": "done"}
+        assert files_under(tmp_path / "olm" / "inbox") == ["olm.pdf"]  # held, not failed
+        assert files_under(tmp_path / "olm" / "failed") == []
+        assert not daemon.find("document.claimed", path="olm.pdf")
+
+        # Where the user looks: each says the olmOCR model is paused, and why.
+        status = httpx.get(f"{url}/api/status").json()
+        assert status["ready"] is True and list(status["paused_models"]) == ["olmocr-2"]
+        by_inbox = {Path(i["path"]).parent.name: i for i in status["inboxes"]}
+        assert "output is garbled" in by_inbox["olm"]["paused"]
+        assert by_inbox["olm"]["waiting_count"] == 1
+        assert by_inbox["deskew"]["paused"] is None and by_inbox["lighton"]["paused"] is None
+        ready = httpx.get(f"{url}/readyz")
+        assert ready.status_code == 200 and "olmocr-2" in ready.json()["paused_models"]
+        assert "Paused: its model" in httpx.get(f"{url}/").text
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503 and "olmocr-2" in health.json()["detail"]
+        assert any("olmocr-2 paused (garbled)" in m for m in notify.messages if "STATUS=" in m)
+        config.write_text(config.read_text().replace("127.0.0.1:0", url.removeprefix("http://")))
+        shown = subprocess.run(
+            [sys.executable, "-m", "ocrd", "status", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "paused: model olmocr-2, its inboxes wait: garbled" in shown.stdout, shown.stdout
+        assert f"inbox {tmp_path / 'olm' / 'inbox'} (model olmocr-2): 1 waiting (PAUSED" in (
+            shown.stdout
+        )
+
+        # The server is mended (it reads again, on the same address): the file converts.
+        servers["olmocr-2"].send_signal(signal.SIGKILL)
+        servers["olmocr-2"].wait()
+        servers["olmocr-2"] = start_model_server("olmocr-2", ports["olmocr-2"], garble=False)
+        daemon.wait_for("model.resumed", model="olmocr-2", timeout=60)
+        [olm] = daemon.wait_for("document.finished", path="olm.pdf", timeout=60)
+        assert (olm["outcome"], olm["model"]) == ("done", "olmocr-2")
+        assert files_under(tmp_path / "olm" / "done") == ["olm.pdf"]
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert httpx.get(f"{url}/api/status").json()["paused_models"] == {}
+        assert daemon.stop() == 0
+    finally:
+        notify.close()
+        for process in servers.values():
+            process.send_signal(signal.SIGKILL)
+            process.wait()

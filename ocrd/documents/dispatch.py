@@ -8,7 +8,9 @@ its first step).
 
 Nothing of an inbox is claimed or started while this daemon does not hold its lease on the
 inbox's work area (`ocrd/sharing/instances.py`); when the lease is lost, `give_up` stops that
-inbox's documents and drops its recovered claims from the line. Where other daemons serve
+inbox's documents and drops its recovered claims from the line. Nor while the engine of the
+inbox's model takes no pages (garbled, unreachable): its files wait in line, behind them the
+other inboxes' go on. Where other daemons serve
 the inbox too, a daemon claims a new file only while few of its documents wait for the
 engine: a file it claimed and could not start soon would wait for it while another daemon
 with room would already convert it.
@@ -26,6 +28,8 @@ from ocrd.documents import crashes, failures
 from ocrd.documents.document import DocumentRunner
 from ocrd.documents.route import Route
 from ocrd.domain import DocumentFailed, Stage
+from ocrd.engines import EngineState
+from ocrd.engines.models import model_health
 from ocrd.files.dropped import printable
 from ocrd.intake.claim import Claim
 from ocrd.intake.claiming import Changed, NotClaimable
@@ -151,13 +155,22 @@ class DocumentDispatcher:
         return Route.of(config, engine, task), known_failure(job)
 
     def _may_start(self, job: Job) -> bool:
-        """Its inbox's lease held; and a new file beside other daemons only while few of this
-        one's documents wait for the engine (a claim already held is this daemon's to run)."""
+        """Its inbox's lease held and its model's engine reading (a model whose engine is
+        garbled or unreachable pauses its own inboxes only); and a new file beside other
+        daemons only while few of this one's documents wait for the engine (a claim
+        already held is this daemon's to run)."""
         if not job.inbox.work.tenure.holds():
+            return False
+        if not self.takes_pages(job.inbox.config.model):
             return False
         if job.claim is not None or not self.shared(job.inbox):
             return True
         return self.waiting_documents() < SHARED_WAITING_DOCUMENTS
+
+    def takes_pages(self, model: str) -> bool:
+        """Whether the engine serving `model` takes pages now."""
+        health = model_health(self.runner.pipeline.engine, model)
+        return health.state is EngineState.ready
 
     def waiting_documents(self) -> int:
         """Documents of this daemon still opening, or waiting for a page slot."""

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ocrd.config import DocumentOptions
 from ocrd.documents import crashes, failures
@@ -41,6 +42,9 @@ from ocrd.sharing.tenure import ClaimLost
 from ocrd.status import DocumentProgress, eta
 
 JOB_CHANGES_TOLERATED = 1  # a scan job that changes while converted is converted once more
+# A stop that comes while a document settles lets it finish this long (file moves, its
+# summary, its hooks told): only a storage fault, whose retries wait, takes longer.
+SETTLE_ON_STOP_SECONDS = 10.0
 
 
 @dataclass
@@ -142,7 +146,7 @@ class DocumentRunner:
         try:
             outcome = await self._convert(route, claim, log, progress, started, journal)
             claim.check_held()  # an original gone from a claim taken over did not vanish
-            await self._settle(route, claim, outcome, started, log)
+            await _to_its_end(self._settle(route, claim, outcome, started, log))
         except EngineDeadError as error:
             recorded = False
             with contextlib.suppress(ClaimLost):  # the engine's death outranks a lost claim
@@ -272,3 +276,18 @@ def _snapshot_again(sources: Sources) -> Snapshot:
 def _snapshot(sources: Sources) -> Snapshot:
     """A scan job's files as they are now; nothing to compare for a single file."""
     return job_snapshot(sources) if sources.kind is SourceKind.folder else ()
+
+
+async def _to_its_end(settling: Coroutine[Any, Any, None]) -> None:
+    """Settle a converted document even if the daemon stops meanwhile (then re-raise the
+    cancellation): stopped between its steps, a document would be in done/ with no summary
+    logged and no hook told. Past SETTLE_ON_STOP_SECONDS it is stopped, its claim kept."""
+    task = asyncio.ensure_future(settling)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait({task}, timeout=SETTLE_ON_STOP_SECONDS)
+        task.cancel()  # nothing, where it has ended
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task  # its error, if any, is the stop's to pass over: the claim stays
+        raise

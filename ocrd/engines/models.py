@@ -6,9 +6,11 @@ with its own laid over them), and the daemon sees them as one engine.
 wants (ocrd/models/recipe.py, `ImageRule`), and its text is marked with the model's name, so
 that the model's own parser reads it (ocrd/output/page.py) and the page's events, journal
 and summary name the model. `ModelEngines` sends each page to the engine of the model its
-inbox chose (`PageImage.model`); its health is its parts' worst (a dead part ends the
-daemon, as a dead engine does), its capacity their sum, its replicas all of theirs, each
-named with its model.
+inbox chose (`PageImage.model`); it is ready while one model's engine reads, and a model
+whose engine does not (garbled, unreachable) pauses only its own inboxes (`model_health`:
+the dispatcher starts none of their documents; docs/operations.md, "Several models"); a
+dead part ends the daemon, as a dead engine does. Its capacity is its parts' sum, its
+replicas all of theirs, each named with its model.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ SEVERITY = (
 )
 
 Build = Callable[[EngineConfig, str, Model], Engine]
+PAUSED = "paused"  # how a model whose engine takes no pages is named among the troubles
 
 
 class ModelEngine:
@@ -104,18 +107,28 @@ class ModelEngines:
 
     @property
     def health(self) -> EngineHealth:
-        """The worst of the engines' states, its problem named by model; the others'
-        troubles as `degraded`."""
+        """The models' state together: dead if one model's engine died (that ends the
+        daemon); else ready while one of them reads, the others' inboxes paused (each named
+        in `degraded`, with why); else the worst of them. Its problem is named by model."""
         parts = sorted(self.engines.values(), key=lambda e: SEVERITY.index(e.health.state))
-        worst = parts[0].health
-        problem = f"{parts[0].recipe.name}: {worst.problem}" if worst.problem else None
+        ready = [e for e in parts if e.health.state is EngineState.ready]
+        dead = parts[0].health.state is EngineState.dead
+        lead = parts[0] if dead or not ready else ready[0]
+        health = lead.health
+        problem = f"{lead.recipe.name}: {health.problem}" if health.problem else None
         troubles = [
-            f"{engine.recipe.name}: {engine.health.problem or engine.health.state.value}"
-            for engine in parts[1:]
-            if engine.health.state is not EngineState.ready
+            f"{engine.recipe.name} {PAUSED} ({engine.health.state.value}): "
+            f"{engine.health.problem or 'no problem told'}"
+            for engine in parts
+            if engine is not lead and engine.health.state is not EngineState.ready
         ]
         troubles += [f"{e.recipe.name}: {e.health.degraded}" for e in parts if e.health.degraded]
-        return EngineHealth(worst.state, worst.since, problem, "; ".join(troubles) or None)
+        return EngineHealth(health.state, health.since, problem, "; ".join(troubles) or None)
+
+    def health_of(self, model: str) -> EngineHealth:
+        """The health of the engine that serves `model` (the default model's, for one this
+        engine does not serve)."""
+        return self.engines.get(model, self.default).health
 
     @property
     def max_concurrency(self) -> int:
@@ -152,6 +165,21 @@ class ModelEngines:
         await asyncio.gather(
             *(engine.stop() for engine in self.engines.values()), return_exceptions=True
         )
+
+
+def model_health(engine: Engine, model: str) -> EngineHealth:
+    """Whether the engine serving `model` takes pages now: one model's part of several, or
+    the engine itself where it serves one model."""
+    if isinstance(engine, ModelEngines):
+        return engine.health_of(model)
+    return engine.health
+
+
+def pause_reason(health: EngineHealth) -> str | None:
+    """Why an engine takes no pages now (its inboxes' new documents wait), or None."""
+    if health.state is EngineState.ready:
+        return None
+    return f"{health.state.value}: {health.problem or 'no problem told'}"
 
 
 def served_config(config: EngineConfig, recipe: Model) -> EngineConfig:

@@ -2,7 +2,8 @@
 probes the server), proves it reads (the self-check gate), serves until it goes down,
 takes it down, waits with backoff (Backoff), and starts again. The others keep working
 meanwhile. A garbled replica is asked to read the test page again now and then (someone
-may have fixed the server); a serving one too, at random times (`recheck_seconds` on
+may have fixed the server: from a minute on, doubling, never longer apart than a serving
+replica's checks); a serving one too, at random times (`recheck_seconds` on
 average), so that a server that read the test page and then answers work badly is caught
 and taken out of rotation. Every change of a replica's state is told to the router's
 listeners and judged into the fleet's health (health.py).
@@ -92,7 +93,8 @@ class Supervisor:
         if self.gate is None:
             self._became_ready(replica)
             return
-        self.set_state(replica, ReplicaState.checking, None)
+        if replica.state is not ReplicaState.garbled:  # asked again, it stays out meanwhile
+            self.set_state(replica, ReplicaState.checking, None)
         result = await self.gate.read_test_page(replica)
         replica.self_check = result
         if result.passed:
@@ -119,7 +121,7 @@ class Supervisor:
     async def _serve_until_down(self, replica: Replica) -> str:
         """Wait until the replica goes down; a garbled one is asked to read the page again
         now and then (someone may have fixed the server)."""
-        rechecks = RECHECK.delays()
+        rechecks = self._garbled_rechecks().delays()
         while True:
             waits = [
                 asyncio.ensure_future(replica.keeper.until_down()),
@@ -143,6 +145,15 @@ class Supervisor:
                 await self._prove(replica)  # a garbled replica's recheck
             else:
                 await self._recheck(replica)
+
+    def _garbled_rechecks(self) -> Backoff:
+        """The waits before a garbled replica is asked again: from a minute, doubling up to
+        15 minutes; never longer than a serving one waits for its unannounced check
+        (`recheck_seconds`), so that a fleet checked often is seen mended as soon."""
+        if self.recheck_seconds <= 0:
+            return RECHECK
+        cap = min(RECHECK.cap, self.recheck_seconds)
+        return Backoff(first=min(RECHECK.first, cap), factor=RECHECK.factor, cap=cap)
 
     async def _recheck(self, replica: Replica) -> None:
         """An unannounced check of a serving replica; it serves on meanwhile. One that

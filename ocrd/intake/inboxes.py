@@ -153,8 +153,20 @@ class Intake:
         return old, new
 
     async def stop(self) -> None:
-        for inbox in self.inboxes:
-            await asyncio.to_thread(inbox.watcher.stop)
+        """Stop watching every inbox. A watch that fails to stop (watchdog's bookkeeping
+        can break when folders are renamed under it in a loop) is logged, not raised: the
+        stop goes on, and the documents in flight are drained all the same."""
+        for inbox in list(self.inboxes):
+            try:
+                await asyncio.to_thread(inbox.watcher.stop)
+            except Exception as error:
+                self.log.warning(
+                    "inbox.unwatch_failed",
+                    inbox=str(inbox.config.path),
+                    error=printable(f"{type(error).__name__}: {error}"),
+                    action="ocrd stops all the same; its files are looked at again at the "
+                    "next start",
+                )
 
     # --- claims that became this daemon's --------------------------------------------------
 

@@ -98,6 +98,9 @@ def format_status(report: StatusReport) -> str:
     ]
     lines += [f"  problem: {problem}" for problem in report.problems]
     lines += [f"  attention: {line}" for line in report.attention]
+    lines += [
+        f"  paused: model {m}, its inboxes wait: {why}" for m, why in report.paused_models.items()
+    ]
     if report.degraded:
         lines.append(f"  degraded: {report.degraded}")
     if len(report.replicas) == 1 and not report.degraded:
@@ -116,7 +119,8 @@ def format_status(report: StatusReport) -> str:
     for inbox in report.inboxes:
         watching = "" if inbox.watching else " (not watched)"
         model = f" (model {inbox.model})" if inbox.model else ""
-        lines.append(f"inbox {inbox.path}{watching}{model}: {inbox.waiting_count} waiting")
+        paused = f" (PAUSED: {inbox.paused})" if inbox.paused else ""
+        lines.append(f"inbox {inbox.path}{watching}{model}: {inbox.waiting_count} waiting{paused}")
         if len(inbox.instances) > 1:
             lines += [_instance_line(instance) for instance in inbox.instances]
         for blocked in inbox.blocked:

@@ -30,7 +30,6 @@ import asyncio
 import functools
 import json
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, BinaryIO
 
@@ -41,9 +40,9 @@ from ocrd.config import HttpConfig, InboxConfig
 from ocrd.files.dropped import printable
 from ocrd.files.storage import describe
 from ocrd.log import get_logger
+from ocrd.status import StatusReport
 from ocrd.uploads.receiving import Receiving, UploadRefused, clean_filename
 from ocrd.uploads.tasks import (
-    MAX_RECORD_BYTES,
     TaskOptions,
     register,
     write_record,
@@ -59,115 +58,20 @@ from ocrd.web.docling_chunks import (
     source_options,
     split_form,
 )
-from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form
+from ocrd.web.docling_options import OptionRefused, from_form
+from ocrd.web.docling_records import PRESIGNED, target, target_kind, task_answer, task_options
 from ocrd.web.docling_sources import Fetched, file_source, url_source, write_fetched
 from ocrd.web.documents import Documents
-from ocrd.web.tasks import Images, Task, Tasks, TaskStatus
+from ocrd.web.tasks import Images, Task, Tasks
 from ocrd.web.uploading import Uploading
 
 MAX_WAIT_SECONDS = 300.0
 MAX_FIELDS = 200  # form fields of one request
 JSON_OVERHEAD = 64 * 1024  # a source request's JSON beyond its base64 content
-PRESIGNED = (  # docling-serve's words, on which its clients fall back to an answer in the body
-    "Presigned URL target requires artifact storage to be configured and enabled on the "
-    "server; ocrd answers in the body (target inbody)"
-)
-MAX_FILENAME_CHARS = 1000  # the name a task's answer gives its document
-IMAGE_SUFFIXES = (".tif", ".tiff", ".png", ".jpg", ".jpeg")
-OFFICE_KINDS = {
-    **{kind: kind for kind in ("docx", "pptx", "xlsx", "html", "md", "csv")},
-    "htm": "html",
-    "markdown": "md",
-}
 
 
 def detail(status: int, message: str) -> web.Response:
     return web.json_response({"detail": message}, status=status)
-
-
-def _target(kind: object) -> None:
-    """Only answers in the body are served."""
-    if kind in (None, "inbody"):
-        return
-    if kind == "presigned_url":
-        raise UploadRefused(422, PRESIGNED)
-    raise UploadRefused(422, f"target {kind!r} is not served; ocrd answers in the body (inbody)")
-
-
-def _target_kind(target: object) -> object:
-    """The `kind` of a JSON request's `target` (an object, as docling-serve takes it)."""
-    if target is None:
-        return None
-    if not isinstance(target, dict):
-        raise UploadRefused(
-            422, f'target must be an object such as {{"kind": "inbody"}}, not {target!r:.80}'
-        )
-    return target.get("kind")
-
-
-def input_kind(filename: str) -> str:
-    """docling's name for the kind of file a name says (for `from_formats`; what the file
-    is, the daemon tells by its content)."""
-    name = filename.lower()
-    suffix = name[name.rfind(".") + 1 :] if "." in name else ""
-    if name.endswith(IMAGE_SUFFIXES):
-        return "image"
-    return OFFICE_KINDS.get(suffix, "pdf")
-
-
-def task_options(
-    options: DoclingOptions, filename: str, chunking: Chunking | None = None
-) -> TaskOptions:
-    """The record of a task with these options (a chunk task's too); UploadRefused where
-    from_formats excludes the file."""
-    kind = input_kind(filename)
-    if not options.takes(kind):
-        raise UploadRefused(422, f"from_formats excludes {filename!r} (a {kind})")
-    record = TaskOptions(
-        created_at=time.time(),
-        pages=options.pages,
-        pdf_text=options.pdf_text(),
-        figures=options.include_images if "include_images" in options.model_fields_set else None,
-        page_separator=options.md_page_break_placeholder
-        if "md_page_break_placeholder" in options.model_fields_set
-        else None,
-        to_formats=tuple(dict.fromkeys(options.to_formats)),
-        image_export_mode=options.image_export_mode,
-        filename=printable(filename)[:MAX_FILENAME_CHARS],
-    )
-    if chunking is not None:
-        record = record.model_copy(
-            update={
-                "chunking": chunking.options.model_dump(),
-                "include_converted_doc": chunking.include_converted_doc,
-            }
-        )
-    if len(record.record()) > MAX_RECORD_BYTES:  # read back by every poll: refused now
-        raise UploadRefused(
-            422, f"the options take more than {MAX_RECORD_BYTES // 1024} KB; send shorter ones"
-        )
-    return record
-
-
-def task_answer(task_id: str, task: Task | None) -> web.Response:
-    """docling-serve's answer about a task: its status, its place, its counts."""
-    status = task.status if task is not None else TaskStatus.pending
-    done = status in (TaskStatus.success, TaskStatus.partial_success, TaskStatus.failure)
-    body = {
-        "task_id": task_id,
-        "task_type": "convert" if task is None or task.options.chunking is None else "chunk",
-        "task_status": status.value,
-        "task_position": task.position if task is not None else None,
-        "task_meta": {
-            "num_docs": 1,
-            "num_processed": int(done),
-            "num_succeeded": int(status is TaskStatus.success),
-            "num_partially_succeeded": int(status is TaskStatus.partial_success),
-            "num_failed": int(status is TaskStatus.failure),
-        },
-        "error_message": task.error_message if task is not None else None,
-    }
-    return web.json_response(body)
 
 
 def too_many_waiting(limit: int) -> web.Response:
@@ -185,11 +89,14 @@ def too_many_waiting(limit: int) -> web.Response:
 class DoclingApi:
     """The routes of docling-serve's API, over the documents API's uploads."""
 
-    def __init__(self, api: Uploading, tasks: Tasks, config: HttpConfig) -> None:
+    def __init__(
+        self, api: Uploading, tasks: Tasks, config: HttpConfig, report: Callable[[], StatusReport]
+    ) -> None:
         self.bodies = api.bodies  # read as an upload's, under the same limits
         self.token = api.token
         self.tasks = tasks
         self.config = config
+        self.report = report  # the daemon's status: whether the inbox's model reads now
         self.log = get_logger()
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
@@ -317,7 +224,7 @@ class DoclingApi:
         if chunker is not None:
             options, values, include = split_form(options)
             chunking = Chunking(chunking_options(chunker, values), include)
-        _target((options.pop("target_type", None) or ["inbody"])[-1])
+        target((options.pop("target_type", None) or ["inbody"])[-1])
         if any(value.strip() for value in options.pop("callbacks", [])):
             raise UploadRefused(422, "callbacks are not served; poll /v1/status/poll/{task_id}")
         return task_options(from_form(options), name, chunking)
@@ -340,7 +247,7 @@ class DoclingApi:
                 raise UploadRefused(422, "sources: give exactly one source (one document a task)")
             if not isinstance(sources[0], dict):
                 raise UploadRefused(422, "sources: a source is an object with a 'kind'")
-            _target(_target_kind(payload.get("target")))
+            target(target_kind(payload.get("target")))
             if payload.get("callbacks"):
                 raise UploadRefused(422, "callbacks are not served; poll /v1/status/poll/{task_id}")
             options, chunking = source_options(payload, chunker)
@@ -457,15 +364,19 @@ class DoclingApi:
         return web.json_response(body, dumps=functools.partial(json.dumps, ensure_ascii=False))
 
     async def health(self, request: web.Request) -> web.Response:
-        """docling-serve's answer while conversions are taken; 503 naming why while every
-        one would be refused (no inbox takes uploads, no token), so that a client's or a
-        load balancer's health check sends no work here."""
+        """docling-serve's answer while conversions are taken and made; 503 naming why
+        while every one would be refused (no inbox takes uploads, no token), or would wait
+        (the model of the inbox tasks go to is paused: its engine takes no pages), so that a
+        client's or a load balancer's health check sends no work here."""
         try:
             self._admit_anyone()
         except UploadRefused as refused:
             return web.json_response(
                 {"status": "unavailable", "detail": refused.reason}, status=503
             )
+        paused = paused_detail(self.report(), self._inbox())
+        if paused is not None:
+            return web.json_response({"status": "unavailable", "detail": paused}, status=503)
         return web.json_response({"status": "ok"})
 
     def _admit_anyone(self) -> None:
@@ -476,14 +387,29 @@ class DoclingApi:
         self._inbox()
 
 
+def paused_detail(report: StatusReport, inbox: InboxConfig) -> str | None:
+    """Why the inbox tasks go to is paused (its model's engine takes no pages), or None."""
+    for status in report.inboxes:
+        if status.path == str(inbox.path) and status.paused:
+            return (
+                f"the inbox {inbox.path} is paused: the engine of its model {inbox.model} "
+                f"takes no pages ({status.paused}); tasks sent now wait until it reads again"
+            )
+    return None
+
+
 def serve_docling_api(
-    app: web.Application, api: Uploading, documents: Documents, config: HttpConfig
+    app: web.Application,
+    api: Uploading,
+    documents: Documents,
+    config: HttpConfig,
+    report: Callable[[], StatusReport],
 ) -> None:
     """docling-serve's routes, the API page, and the tidying of expired tasks while the
     server runs."""
     tasks = Tasks(documents, lambda: documents.config)
     app.middlewares.append(json_errors)
-    DoclingApi(api, tasks, config).add_routes(app.router)
+    DoclingApi(api, tasks, config, report).add_routes(app.router)
     apidocs.add_routes(app.router, apidocs.describe(bool(config.docling.url_hosts)))
 
     async def tidying(app: web.Application) -> AsyncIterator[None]:

@@ -283,7 +283,7 @@ class WebServer:
                 app.router
             )
             if self.config.docling.enabled:
-                serve_docling_api(app, uploading, self.documents, self.config)
+                serve_docling_api(app, uploading, self.documents, self.config, self.report)
         return app
 
     async def start(self) -> str:
@@ -366,6 +366,7 @@ class WebServer:
             "engine": report.engine,
             "engine_state": report.engine_state,
             "problems": report.problems,
+            "paused_models": report.paused_models,
         }
         return web.json_response(body, status=200 if report.ready else 503)
 

@@ -32,7 +32,7 @@ h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
 .state { display: inline-block; padding: 0.1em 0.6em; border-radius: 0.8em; color: white; }
 .ready { background: #2e7d32; } .notready { background: #c62828; }
-.problems { color: #c62828; } .attention { color: #a15c00; }
+.problems { color: #c62828; } .attention { color: #a15c00; } .paused { color: #c62828; }
 table { border-collapse: collapse; width: 100%; margin: 0.4em 0; }
 th, td { text-align: left; padding: 0.25em 0.5em; border-bottom: 1px solid #eee;
          vertical-align: top; }
@@ -195,6 +195,17 @@ def _finished(report: StatusReport, query: str) -> str:
     )
 
 
+def _paused(inbox: InboxStatus) -> str:
+    """Why the inbox's files wait, where its model's engine takes no pages now."""
+    if not inbox.paused:
+        return ""
+    why = escape(inbox.paused)
+    return (
+        f'<p class="paused">Paused: its model\'s engine takes no pages ({why}); '
+        "files wait, nothing fails.</p>"
+    )
+
+
 def _model(model: str | None) -> str:
     """Which OCR model reads (or read) it, after its name."""
     return f' <span class="model">{escape(model)}</span>' if model else ""
@@ -264,6 +275,7 @@ def render(report: StatusReport, token: str = "") -> str:
     inboxes = "".join(
         f'<section class="inbox"><h2>Inbox {escape(inbox.path)}'
         f"{'' if inbox.watching else ' (not watched)'}{_model(inbox.model)}</h2>"
+        f"{_paused(inbox)}"
         f"<h3>Being converted</h3>{_in_flight(inbox)}<h3>Waiting</h3>{_waiting(inbox)}"
         f"{_blocked(inbox)}{_instances(inbox)}</section>"
         for inbox in report.inboxes
