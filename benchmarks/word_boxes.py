@@ -48,7 +48,7 @@ from harness import CORPUS
 from PIL import Image
 
 from ocrd.config import PromptMode
-from ocrd.domain import InputFormat, PageInfo, PageResult, PageText
+from ocrd.domain import InputFormat, PageInfo, PageText
 from ocrd.output.page import assemble_page
 from ocrd.output.searchable import image_dpi, write_searchable_pdf
 from ocrd.render import detect_format
@@ -206,7 +206,9 @@ def rapidocr_text(page: Page) -> PageText:
     ocr = RapidOCR(params={"Global.log_level": "warning"})
     output = ocr(np.asarray(page.image)[:, :, ::-1])
     lines = []
-    for box, text in zip(output.boxes if output.boxes is not None else [], output.txts or ()):
+    for box, text in zip(
+        output.boxes if output.boxes is not None else [], output.txts or (), strict=False
+    ):
         xs, ys = [float(p[0]) for p in box], [float(p[1]) for p in box]
         lines.append(TextLine(min(xs), min(ys), max(xs), max(ys), str(text)))
     return PageText(lines_to_markdown(lines), "stop", blocks=line_blocks(lines, page.image.size))
@@ -309,7 +311,10 @@ def measure(
 
 
 def report(scores: dict[str, dict[str, Score]]) -> None:
-    header = "| page | words matched | centre in OCRmyPDF's box | median IoU | median centre distance (pt) |"
+    header = (
+        "| page | words matched | centre in OCRmyPDF's box | median IoU "
+        "| median centre distance (pt) |"
+    )
     for name, pages in scores.items():
         print(f"\n### {name}\n\n{header}\n|---|---|---|---|---|")
         for page, score in pages.items():
