@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +50,9 @@ from PIL import Image
 
 from ocrd.config import PromptMode
 from ocrd.domain import InputFormat, PageInfo, PageText
+from ocrd.output.linefind import LineFinder
 from ocrd.output.page import assemble_page
-from ocrd.output.searchable import image_dpi, write_searchable_pdf
+from ocrd.output.searchable import PdfSettings, image_dpi, write_searchable_pdf
 from ocrd.render import detect_format
 from ocrd.text.grounding import SCALE, Block, Box
 from ocrd.text.lines import TextLine, lines_to_markdown
@@ -214,28 +216,61 @@ def rapidocr_text(page: Page) -> PageText:
     return PageText(lines_to_markdown(lines), "stop", blocks=line_blocks(lines, page.image.size))
 
 
-def ocrd_pdf(page: Page, text: PageText, target: Path) -> Path:
+def ocrd_pdf(page: Page, text: PageText, target: Path, finder: LineFinder | None) -> Path:
     info = PageInfo(1, page.image.size, *page.size_pt)
     result = assemble_page(info, text, PromptMode.layout)
-    write_searchable_pdf([(page.path, page.fmt)], [(0, 1)], [result], target)
+    settings = PdfSettings(line_finder=finder)
+    write_searchable_pdf([(page.path, page.fmt)], [(0, 1)], [result], target, settings)
     return target
 
 
-Placement = Callable[[Page, list[list[list[Word]]], tuple[float, float]], PageText]
+Answer = Callable[[Page, list[list[list[Word]]], tuple[float, float]], PageText]
+
+
+@dataclass(frozen=True)
+class Placement:
+    answer: Answer
+    finder: str = ""  # the writer finds the lines: "" not, "detected", "read" (and read)
+
+
+def unwrapped_answer(blocks: list[list[list[Word]]]) -> str:
+    """A page's Markdown without positions, a paragraph on one line (as LightOnOCR writes)."""
+    return "\n\n".join(" ".join(line_text(line) for line in block) for block in blocks)
 
 
 def placements() -> dict[str, Placement]:
-    kinds: dict[str, Placement] = {
-        "deepseek-ocr-2 (block boxes)": lambda page, blocks, size: PageText(
-            grounded_answer(blocks, size), "stop", model="deepseek-ocr-2"
+    kinds = {
+        "deepseek-ocr-2 (block boxes)": Placement(
+            lambda page, blocks, size: PageText(
+                grounded_answer(blocks, size), "stop", model="deepseek-ocr-2"
+            )
         )
     }
-    for model in NO_POSITION_MODELS:
-        kinds[f"{model} (no positions)"] = lambda page, blocks, size, m=model: PageText(
-            markdown_answer(blocks), "stop", model=m
+    ways = (
+        ("", "no lines found"),
+        ("detected", "over detected lines"),
+        ("read", "over read lines"),
+    )
+    for finds, how in ways:
+        # The four parse a page without positions alike; the middle way is shown for one.
+        for model in NO_POSITION_MODELS if finds != "detected" else NO_POSITION_MODELS[:1]:
+            kinds[f"{model} (no positions, {how})"] = Placement(
+                lambda page, blocks, size, m=model: PageText(
+                    markdown_answer(blocks), "stop", model=m
+                ),
+                finds,
+            )
+    for finds, how in ways:
+        kinds[f"lightonocr-2 (no positions, a paragraph a line, {how})"] = Placement(
+            lambda page, blocks, size: PageText(
+                unwrapped_answer(blocks), "stop", model="lightonocr-2"
+            ),
+            finds,
         )
-    kinds["rapidocr (its own lines and text)"] = lambda page, blocks, size: rapidocr_text(page)
-    kinds["line boxes (Tesseract's lines)"] = tesseract_lines
+    kinds["rapidocr (its own lines and text)"] = Placement(
+        lambda page, blocks, size: rapidocr_text(page)
+    )
+    kinds["line boxes (Tesseract's lines)"] = Placement(tesseract_lines)
     return kinds
 
 
@@ -276,16 +311,18 @@ def distance(a: Word, b: Word) -> float:
 class Score:
     pairs: list[tuple[Word, Word]]
     reference_words: int
+    seconds: list[float]  # CPU time writing ocrd's PDF, a page
 
     def row(self, name: str) -> str:
         if not self.pairs:
-            return f"| {name} | 0 / {self.reference_words} | - | - | - |"
+            return f"| {name} | 0 / {self.reference_words} | - | - | - | - |"
         share = sum(inside(o.centre, t) for o, t in self.pairs) / len(self.pairs)
         median_iou = statistics.median(iou(o, t) for o, t in self.pairs)
         median_distance = statistics.median(distance(o, t) for o, t in self.pairs)
         return (
             f"| {name} | {len(self.pairs)} / {self.reference_words} | {share:.0%} "
-            f"| {median_iou:.2f} | {median_distance:.1f} |"
+            f"| {median_iou:.2f} | {median_distance:.1f} "
+            f"| {1000 * statistics.mean(self.seconds):.0f} |"
         )
 
 
@@ -297,30 +334,45 @@ def measure(
     paths: Sequence[Path], ocrmypdf: str, references: Path, work: Path
 ) -> dict[str, dict[str, Score]]:
     scores: dict[str, dict[str, Score]] = {name: {} for name in placements()}
+    finders = {"detected": LineFinder(read=False), "read": LineFinder(read=True)}
     for path in paths:
         page = load_page(path)
         theirs, their_size = page_words(reference_pdf(page, ocrmypdf, references))
         blocks = grouped(theirs)
         for index, (name, placement) in enumerate(placements().items()):
-            target = ocrd_pdf(page, placement(page, blocks, their_size), work / f"{index}.pdf")
+            text = placement.answer(page, blocks, their_size)
+            finds = finders.get(placement.finder)
+            started = time.process_time()
+            target = ocrd_pdf(page, text, work / f"{index}.pdf", finds)
+            seconds = time.process_time() - started
             ours, our_size = page_words(target)
             # OCRmyPDF's page was made the same size; scaled all the same, to be sure.
             reference = scaled(theirs, (our_size[0] / their_size[0], our_size[1] / their_size[1]))
-            scores[name][path.name] = Score(matched(ours, reference), len(theirs))
+            scores[name][path.name] = Score(matched(ours, reference), len(theirs), [seconds])
     return scores
+
+
+def all_pages(pages: dict[str, Score]) -> Score:
+    return Score(
+        [pair for score in pages.values() for pair in score.pairs],
+        sum(score.reference_words for score in pages.values()),
+        [second for score in pages.values() for second in score.seconds],
+    )
 
 
 def report(scores: dict[str, dict[str, Score]]) -> None:
     header = (
         "| page | words matched | centre in OCRmyPDF's box | median IoU "
-        "| median centre distance (pt) |"
+        "| median centre distance (pt) | CPU ms a page, writing |"
     )
+    print(f"### All pages\n\n{header.replace('page', 'placement', 1)}\n|---|---|---|---|---|---|")
     for name, pages in scores.items():
-        print(f"\n### {name}\n\n{header}\n|---|---|---|---|---|")
+        print(all_pages(pages).row(name))
+    for name, pages in scores.items():
+        print(f"\n### {name}\n\n{header}\n|---|---|---|---|---|---|")
         for page, score in pages.items():
             print(score.row(page))
-        every = [pair for score in pages.values() for pair in score.pairs]
-        print(Score(every, sum(s.reference_words for s in pages.values())).row("**all**"))
+        print(all_pages(pages).row("**all**"))
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocrd.domain import InputFormat, TextLayer
+from ocrd.output.linefind import LineFinder
 from ocrd.output.searchable import (
     PdfSettings,
     SearchablePdfError,
@@ -58,6 +59,8 @@ class _Worker:
         self.limits = limits
         self.buffer = buffer
         self.sources: OrderedDict[SourceKey, Source] = OrderedDict()
+        # Finds the lines of pages whose model gave no positions (its model loads on use).
+        self.line_finder = LineFinder()
 
     def source(self, key: SourceKey) -> Source:
         """The open source for `key`, opened now if this worker does not have it (it may
@@ -115,15 +118,19 @@ class _Worker:
             return page
         return replace(page, payload=None, file=path)
 
-    @staticmethod
-    def searchable_pdf(request: WriteSearchablePdf) -> SearchablePdfResult:
+    def searchable_pdf(self, request: WriteSearchablePdf) -> SearchablePdfResult:
         try:
             return write_searchable_pdf(
                 request.files,
                 request.order,
                 request.pages,
                 request.target,
-                PdfSettings(request.archive, request.passwords, root=request.root),
+                PdfSettings(
+                    request.archive,
+                    request.passwords,
+                    root=request.root,
+                    line_finder=self.line_finder,
+                ),
             )
         except SearchablePdfError as error:
             findings = "; ".join(error.findings[:MAX_FINDINGS_SHOWN])
