@@ -1,16 +1,16 @@
-"""A page's words shared out over the text lines found on its image, in reading order.
+"""A page's words shared out over the text lines found on its image, in reading order,
+for a model that writes its text without positions (LightOnOCR-2, olmOCR-2; GLM-OCR and
+PaddleOCR-VL without their layout stage).
 
-Where the lines were also read (RapidOCR's recognition), the words the model and the
-reading share, in order, say which line each of the model's words lies on (`by_reading`).
-Otherwise, for a model that writes its text without positions (LightOnOCR-2, olmOCR-2, GLM-OCR and
-PaddleOCR-VL without their layout stage): its words, in the order it wrote them, are cut
-into runs, one run a found line, so that each run is as long as its line holds. A line
-holds text in proportion to its width over its height (type as tall as the line is about
-as wide per letter everywhere); the page's text is scaled to the lines' total. Among the
-cuts that do that about equally well, those at the ends of the model's own lines win, so
-text whose lines follow the page's falls on them line for line.
+Where the lines were also read (RapidOCR's recognition, rougher than the model's), the words
+the two share, in order, say which line each of the model's words lies on (`by_reading`).
+Otherwise the model's words, in the order it wrote them, are cut into runs, one run a line,
+each as long as its line holds (`runs`): a line holds text in proportion to its width over
+its type's height, and the page's text is scaled to the lines' total. Among cuts that do
+that about equally well, those at the ends of the model's own lines win, so text whose
+lines follow the page's falls on them line for line.
 
-Pure arithmetic on numbers: which text and which lines is `textlayer.py`'s business.
+Pure arithmetic on words and numbers: which text and which lines is `textlayer.py`'s business.
 """
 
 from __future__ import annotations
