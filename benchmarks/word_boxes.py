@@ -331,15 +331,16 @@ def scaled(words: Sequence[Word], by: tuple[float, float]) -> list[Word]:
 
 
 def measure(
-    paths: Sequence[Path], ocrmypdf: str, references: Path, work: Path
+    paths: Sequence[Path], ocrmypdf: str, references: Path, work: Path, only: str = ""
 ) -> dict[str, dict[str, Score]]:
-    scores: dict[str, dict[str, Score]] = {name: {} for name in placements()}
+    kinds = {name: kind for name, kind in placements().items() if only in name}
+    scores: dict[str, dict[str, Score]] = {name: {} for name in kinds}
     finders = {"detected": LineFinder(read=False), "read": LineFinder(read=True)}
     for path in paths:
         page = load_page(path)
         theirs, their_size = page_words(reference_pdf(page, ocrmypdf, references))
         blocks = grouped(theirs)
-        for index, (name, placement) in enumerate(placements().items()):
+        for index, (name, placement) in enumerate(kinds.items()):
             text = placement.answer(page, blocks, their_size)
             finds = finders.get(placement.finder)
             started = time.process_time()
@@ -380,6 +381,7 @@ def main() -> None:
     parser.add_argument("files", nargs="*", type=Path, help="scanned pages (default: a handful)")
     parser.add_argument("--ocrmypdf", default=shutil.which("ocrmypdf"), help="its executable")
     parser.add_argument("--reference-dir", type=Path, help="keep and reuse OCRmyPDF's PDFs here")
+    parser.add_argument("--only", default="", help="only the placements whose name has this")
     args = parser.parse_args()
     if not args.ocrmypdf:
         sys.exit("ocrmypdf not found: put it on PATH or name it with --ocrmypdf")
@@ -389,7 +391,7 @@ def main() -> None:
         references.mkdir(parents=True, exist_ok=True)
         work = Path(scratch) / "ocrd"
         work.mkdir()
-        report(measure(paths, args.ocrmypdf, references, work))
+        report(measure(paths, args.ocrmypdf, references, work, args.only))
 
 
 if __name__ == "__main__":

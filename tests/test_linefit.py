@@ -50,6 +50,17 @@ def test_words_read_on_the_lines_say_where_the_models_words_lie() -> None:
     assert by_reading(model, read) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
+def test_a_word_not_read_goes_to_the_line_its_models_line_says() -> None:
+    # "fox" and "over" are misread on the image; the model's lines end after "brown" and
+    # "over", so "fox" starts the second line and "over" ends it.
+    model = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+    read = [["The", "quick", "brown"], ["f0x", "jumps", "0ver"], ["the", "lazy", "dog"]]
+    ends = [False, False, True, False, False, True, False, False, True]
+    assert by_reading(model, read, ends) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    # Without the model's line ends, each goes to the nearer anchor's line (a tie: the earlier).
+    assert by_reading(model, read) == [0, 0, 0, 0, 1, 1, 2, 2, 2]
+
+
 def test_a_reading_that_shares_too_few_words_places_nothing() -> None:
     assert by_reading(["one", "two", "three", "four"], [["uno"], ["dos"], ["four"]]) is None
 

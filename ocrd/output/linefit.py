@@ -16,6 +16,7 @@ Pure arithmetic on words and numbers: which text and which lines is `textlayer.p
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,12 +80,14 @@ def _key(word: str) -> str:
     return word.strip(PUNCTUATION).casefold()
 
 
-def by_reading(words: Sequence[str], lines: Sequence[Sequence[str]]) -> list[int] | None:
+def by_reading(
+    words: Sequence[str], lines: Sequence[Sequence[str]], ends: Sequence[bool] = ()
+) -> list[int] | None:
     """For each of the model's `words`, the line it lies on, where the lines' own words
     (`lines`, as recognised on the image: rougher than the model's) say: words the two
-    share, in order, anchor the model's words to lines, and a word between anchors goes to
-    the line of the anchor before it (the first anchor's, before any). None where fewer than
-    MIN_ANCHORED of the model's words are anchored: the reading is too poor to say."""
+    share, in order, anchor the model's words to lines (`_between` places the rest). None
+    where fewer than MIN_ANCHORED of the model's words are anchored: the reading is too
+    poor to say. `ends`: whether the model's own line ends after each word."""
     seen = [(_key(word), index) for index, line in enumerate(lines) for word in line]
     seen = [(key, index) for key, index in seen if key]
     keys = [_key(word) for word in words]
@@ -97,11 +100,28 @@ def by_reading(words: Sequence[str], lines: Sequence[Sequence[str]]) -> list[int
         for block in matcher.get_matching_blocks()
         for offset in range(block.size)
     }
-    if len(anchors) < MIN_ANCHORED * len(words):
+    if not anchors or len(anchors) < MIN_ANCHORED * len(words):
         return None
-    first = anchors[min(anchors)]
-    placed, line = [], first
-    for position in range(len(words)):
+    return _between(anchors, len(words), ends)
+
+
+def _between(anchors: dict[int, int], count: int, ends: Sequence[bool]) -> list[int]:
+    """Every word's line from the anchored ones': before the first anchor its line, after
+    the last its line; between two anchors on one line that line; between two on different
+    lines, the words after the last end of a model's line among them go to the later line,
+    and where the model's lines end nowhere there, each word to the nearer anchor's line."""
+    positions = sorted(anchors)
+    placed, line = [], anchors[positions[0]]
+    for position in range(count):
         line = anchors.get(position, line)
         placed.append(line)
+    for before, after in itertools.pairwise(positions):
+        if anchors[before] == anchors[after]:
+            continue
+        split = next(
+            (p + 1 for p in range(after - 1, before - 1, -1) if p < len(ends) and ends[p]),
+            (before + after) // 2 + 1,
+        )
+        for position in range(before + 1, after):
+            placed[position] = anchors[before] if position < split else anchors[after]
     return placed

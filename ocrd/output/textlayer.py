@@ -349,8 +349,9 @@ def fitted_lines(
     if not detected or not words:
         return []
     read = any(line.text.strip() for line in found)
+    ends = [index == len(line) - 1 for line in tokens for index in range(len(line))]
     line_of = (
-        by_reading([word for word, _ in words], [ln.text.split() for ln in detected])
+        by_reading([word for word, _ in words], [ln.text.split() for ln in detected], ends)
         if read
         else None
     )
