@@ -19,9 +19,11 @@ from ocrd import __version__
 F = TypeVar("F", bound=Callable[..., Any])
 DEEPEST_TREE_RECURSION = 10_000
 EXIT_CONFIG = 78  # EX_CONFIG: systemd's RestartPreventExitStatus=78 keeps the unit stopped
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a model's engine did not start or does not serve
 
 if TYPE_CHECKING:
     from ocrd.config import Config, DocumentOptions, EngineConfig, PipelineConfig
+    from ocrd.documents.compare import Sample
 
 ENGINES = click.Choice(["auto", "vllm", "openai", "rapidocr", "simulated"])
 config_option = click.option(
@@ -201,6 +203,125 @@ def rerender(
         sys.exit(1)
     for markdown in written:
         click.echo(str(markdown))
+
+
+@main.command()
+@required_config("The YAML configuration whose engine section serves the models (the daemon's).")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    required=True,
+    help="A model to compare, given twice: engine.model or a key of engine.models.",
+)
+@click.option(
+    "--diff",
+    "diff_folder",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Write each model's Markdown (<document>.<model>.md) and a unified diff "
+    "(<document>.diff) of each document here.",
+)
+@click.argument("sample", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+)
+def compare(
+    config_path: Path,
+    models: tuple[str, ...],
+    diff_folder: Path | None,
+    sample: tuple[Path, ...],
+    log_format: str,
+    log_level: str,
+) -> None:
+    """Read SAMPLE (PDFs and images: files, or folders of them) with two models, one after
+    the other, and show each one's pages a second and how far their readings agree. Exit 1
+    if a model could not read a document, 2 for a model CONFIG does not serve or a sample
+    that is not there, 69 if a model's engine did not start or does not serve, 78 if CONFIG
+    cannot be used."""
+    from ocrd.documents.compare import SampleError, gather_sample
+
+    configure_logging(log_format, log_level)
+    config = _load(config_path)
+    pair = _two_served_models(config, models)
+    try:
+        documents = gather_sample(sample)
+    except SampleError as error:
+        raise click.BadParameter(str(error), param_hint="SAMPLE") from None
+    for line in documents.left_out:
+        _say(f"left out of the sample: {line}")
+    if diff_folder is not None:
+        _made(diff_folder)
+    sys.exit(_compare_models(config_path, config, pair, documents, diff_folder))
+
+
+def _made(folder: Path) -> None:
+    """The --diff folder, made before the models read anything: one that cannot be made
+    is said at once."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise click.BadParameter(f"{folder}: {error.strerror}", param_hint="--diff") from None
+
+
+def _say(line: str) -> None:
+    click.echo(f"ocrd compare: {line}", err=True)
+
+
+def _two_served_models(config: Config, models: tuple[str, ...]) -> tuple[str, str]:
+    served = config.engine.served_models
+    for name in models:
+        if name not in served:
+            raise click.BadParameter(
+                f"{name!r}: the configuration serves no such model (it serves: "
+                f'{", ".join(served)}); add it under engine.models (docs/fleets.md, "Models")',
+                param_hint="--model",
+            )
+    if len(models) != 2 or models[0] == models[1]:
+        raise click.BadParameter("give two different models", param_hint="--model")
+    return models[0], models[1]
+
+
+def _compare_models(
+    config_path: Path,
+    config: Config,
+    pair: tuple[str, str],
+    sample: Sample,
+    diff_folder: Path | None,
+) -> int:
+    """Both models' readings of the sample, shown (and written); the exit status."""
+    from ocrd.documents.compare import EngineNotReady, plan_model, read_with_both
+    from ocrd.documents.compare_report import compare_runs, report, write_readings
+
+    try:
+        plans = (plan_model(config, pair[0]), plan_model(config, pair[1]))
+    except ValueError as error:
+        click.echo(f"ocrd: {config_path}: {error}", err=True)
+        return EXIT_CONFIG
+    for plan in plans:
+        if plan.warning is not None:
+            _say(plan.warning)
+    try:
+        runs = asyncio.run(read_with_both(plans, sample, config.pipeline, _say))
+    except EngineNotReady as error:
+        click.echo(f"ocrd: {error}", err=True)
+        return EXIT_UNAVAILABLE
+    compared = compare_runs(sample, runs)
+    click.echo(report(runs, compared), nl=False)
+    if diff_folder is not None:
+        try:
+            written = write_readings(diff_folder, runs, compared)
+        except OSError as error:
+            click.echo(
+                f"ocrd: the readings could not be written to {diff_folder}: {error}", err=True
+            )
+            return 1
+        click.echo(f"{len(written)} files written to {diff_folder}")
+    failed = any(r.failure is not None for run in runs for r in run.readings.values())
+    return 1 if failed else 0
 
 
 @main.command()

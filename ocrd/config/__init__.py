@@ -7,6 +7,7 @@ from __future__ import annotations
 from ocrd.config.base import ConfigError, Strict
 from ocrd.config.engine import (
     EngineConfig,
+    LayoutConfig,
     OpenAiConfig,
     PromptMode,
     RapidOcrConfig,
@@ -63,6 +64,7 @@ __all__ = [
     "InboxConfig",
     "InboxEntry",
     "InstancesConfig",
+    "LayoutConfig",
     "OpenAiConfig",
     "OutputKind",
     "PdfText",

@@ -192,6 +192,24 @@ EngineKind = Literal["auto", "vllm", "openai", "rapidocr", "simulated"]
 DEFAULT_MODEL = "deepseek-ocr-2"  # ocrd.models.DEFAULT (config sits below the models)
 
 
+class LayoutConfig(Strict):
+    """The layout stage of a model whose published pipeline has one (PaddleOCR-VL-1.5,
+    GLM-OCR; ocrd/engines/layout.py): a detector finds the page's regions, each region
+    goes to the model with its element's prompt. Off (whole pages) while `detector` is
+    unset."""
+
+    # A transformers object-detection checkpoint: a local folder, or a hub id (fetched by
+    # transformers on start); `published`: the one the model's pipeline publishes.
+    detector: str | None = None
+    threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # None: the model's
+    # Where the detector runs: `auto` on the first GPU where one is seen, else the CPU.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    workers: Annotated[int, Field(ge=1, le=16)] = 1  # detector processes
+    max_regions: Annotated[int, Field(ge=1, le=1000)] = 200  # per page, best scores first
+    # Seconds a page may take in the detector (its first page includes loading it).
+    timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
+
+
 class ModelServing(Strict):
     """How one more OCR model is served (`engine.models.<name>`): only what differs from
     the engine section's own settings, which are inherited (an in-process vLLM engine per
@@ -204,6 +222,7 @@ class ModelServing(Strict):
     vllm: dict[str, Any] = Field(default_factory=dict)
     openai: dict[str, Any] = Field(default_factory=dict)
     simulated: dict[str, Any] = Field(default_factory=dict)
+    layout: dict[str, Any] = Field(default_factory=dict)
 
 
 class EngineConfig(Strict):
@@ -222,6 +241,7 @@ class EngineConfig(Strict):
     rapidocr: RapidOcrConfig = RapidOcrConfig()
     simulated: SimulatedConfig = SimulatedConfig()
     supervision: SupervisionConfig = SupervisionConfig()
+    layout: LayoutConfig = LayoutConfig()
 
     def self_check_for(self, kind: str) -> bool:
         """Whether engine `kind` proves each replica reads before it gets work."""
@@ -254,7 +274,7 @@ class EngineConfig(Strict):
             merged["kind"] = serving.kind
         if serving.self_check is not None:
             merged["self_check"] = serving.self_check
-        for part in ("sampling", "vllm", "openai", "simulated"):
+        for part in ("sampling", "vllm", "openai", "simulated", "layout"):
             inherited = dict(merged.get(part, {}))
             if part in ("vllm", "openai"):
                 inherited.pop("model", None)  # another model's weights: never inherited

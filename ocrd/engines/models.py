@@ -179,7 +179,10 @@ def model_engines(config: EngineConfig, kind: str, build: Build) -> Engine:
         chosen = kind if settings.kind == config.kind else _kind_of(settings)
         planned.append((recipe, served_config(settings, recipe), chosen))
     check_gpu_shares([(r.name, settings) for r, settings, chosen in planned if chosen == "vllm"])
-    engines = [ModelEngine(r, build(settings, chosen, r)) for r, settings, chosen in planned]
+    engines = [
+        ModelEngine(r, _with_layout(build(settings, chosen, r), r, settings))
+        for r, settings, chosen in planned
+    ]
     # ModelEngines' health is its parts', worked out when read: a property, not the
     # attribute the protocol names (nothing outside an engine sets it).
     return engines[0].engine if len(engines) == 1 else cast(Engine, ModelEngines(engines))
@@ -205,6 +208,16 @@ def check_gpu_shares(served: list[tuple[str, EngineConfig]]) -> None:
                 f"(vllm.gpu_memory_utilization: {listed}); give each model a share so "
                 "that they add up to at most 1, or its own vllm.gpus"
             )
+
+
+def _with_layout(engine: Engine, recipe: Model, settings: EngineConfig) -> Engine:
+    """The engine, sent each page's regions where a layout detector is configured for its
+    model (engines/layout.py); as it is otherwise (whole pages)."""
+    if settings.layout.detector is None:
+        return engine
+    from ocrd.engines.layout import LayoutEngine
+
+    return LayoutEngine(engine, recipe, settings.layout)
 
 
 def _kind_of(settings: EngineConfig) -> str:

@@ -25,9 +25,12 @@ def default_model() -> Model:
     return model_named(DEFAULT)
 
 
-def prompt_for(model: Model, mode: PromptMode) -> str:
+def prompt_for(model: Model, mode: PromptMode, task: str | None = None) -> str:
     """The prompt for a page read in `mode`: the model's prompt of that task where it has
-    one (layout, text), else its first (a model with one way of reading a page)."""
+    one (layout, text), else its first (a model with one way of reading a page); for one
+    region of a page (`task`, ocrd/engines/layout.py), the model's prompt of that task."""
+    if task is not None:
+        return model.prompt(task)
     for prompt in model.prompts:
         if prompt.task == mode.value:
             return prompt.text

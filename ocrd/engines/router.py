@@ -242,7 +242,7 @@ class Router:
         lazily by PIL from a PPM a render worker wrote there) is sent as it is, and the file
         is the engine's from then on: removed once answered. Other pages are written there
         (local replicas) or encoded as PNG (a fleet)."""
-        number = page.number
+        number, task = page.number, page.task
         self.recent_mode = mode
         page = await asyncio.to_thread(fit_page, page, self.recipe, self.page_folder)
         media = self._own_file(page.image)
@@ -250,7 +250,7 @@ class Router:
             media = await asyncio.to_thread(self._prepare, page.image)
         del page  # the file or the PNG is all that waits for a replica, not the pixels
         try:
-            body = self.request_body(media.url, prompt_for(self.recipe, mode), priority)
+            body = self.request_body(media.url, prompt_for(self.recipe, mode, task), priority)
             text = await self._route(body, number, priority)
             return replace(text, model=self.recipe.name)  # its parser reads the text
         finally:

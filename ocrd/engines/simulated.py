@@ -23,7 +23,7 @@ from ocrd.config import PromptMode, SimulatedConfig
 from ocrd.domain import PageImage, PageText
 from ocrd.engines.base import EngineDeadError, EngineHealth, EngineState, InProcess
 from ocrd.engines.recipes import default_model, fit_page
-from ocrd.engines.simulated_answers import page_answer
+from ocrd.engines.simulated_answers import element_answer, page_answer
 from ocrd.engines.slots import PrioritySlots
 from ocrd.models import Model
 
@@ -59,6 +59,7 @@ class SimulatedEngine(InProcess):
         # What it needs of the pixels is taken at once, as a real engine turns a page into
         # tensors on arrival: the page's memory is not held while it waits its turn.
         number, (width, height), digest = page.number, page.image.size, fingerprint(page.image)
+        task = page.task
         fatal = self._is_fatal(page)
         del page
         async with self.slots.slot(priority):
@@ -80,7 +81,9 @@ class SimulatedEngine(InProcess):
         )
         return PageText(
             model=self.recipe.name,
-            text=page_answer(self.recipe, number, (width, height), digest, mode),
+            text=page_answer(self.recipe, number, (width, height), digest, mode)
+            if task is None
+            else element_answer(self.recipe, task, number, (width, height), digest),
             finish_reason="length" if unfinished else "stop",
             prompt_tokens=257,
             completion_tokens=self.config.tokens_per_page,

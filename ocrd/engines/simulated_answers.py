@@ -5,8 +5,11 @@ pixels (the same page always gives the same text, different pages different text
 as the model writes a page (its module's `write`: grounded Markdown, plain Markdown, front
 matter and Markdown, a layout pipeline's JSON): a title, a paragraph and one figure. Asked
 for plain text (the retry of an unfinished page, for a model that has such a prompt) it is
-two plain paragraphs. ocrd's test page is answered with the page's own words, in the same
-format, as a model that reads would.
+two plain paragraphs. Asked for one region of a page (its element's task, from ocrd's
+layout stage: ocrd/engines/layout.py), it is that element as the model writes one: an HTML
+table, a LaTeX formula, a line of text naming the task and the region's size. ocrd's test
+page is answered with the page's own words, in the same format, as a model that reads
+would.
 """
 
 from __future__ import annotations
@@ -30,6 +33,24 @@ def page_answer(
         Block("image", (Box(100, 300, 600, 700),), ""),
     ]
     return recipe.write(blocks, size)
+
+
+def element_answer(
+    recipe: Model, task: str, number: int, size: tuple[int, int], digest: str
+) -> str:
+    """One region of a page, asked with the prompt of `task`, answered as the model answers
+    an element: an HTML table, a LaTeX formula, or plain text naming the task, the region's
+    size and digest (so that a test can tell which region's answer is where)."""
+    recipe.prompt(task)  # KeyError for a task the model has no prompt for
+    width, height = size
+    if task in ("table", "chart"):
+        return (
+            f"<table><tr><td>Simulated {task}</td><td>{width}x{height}</td></tr>"
+            f"<tr><td>page {number}</td><td>{digest}</td></tr></table>"
+        )
+    if task == "formula":
+        return f"x_{{{number}}} = {width} \\times {height}"
+    return f"Simulated {task} of page {number}: region {width}x{height} px, digest {digest}."
 
 
 def test_page_answer(recipe: Model) -> str:

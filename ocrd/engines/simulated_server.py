@@ -52,7 +52,7 @@ from ocrd.config import PromptMode
 from ocrd.engines.recipes import default_model, prompt_for
 from ocrd.engines.selfcheck import COLUMNS, DRAWN_ROWS, TABLE, check_page, expected_text
 from ocrd.engines.simulated import fingerprint
-from ocrd.engines.simulated_answers import page_answer, written_as
+from ocrd.engines.simulated_answers import element_answer, page_answer, written_as
 from ocrd.models import model as model_named
 
 Pixels = np.ndarray[Any, Any]
@@ -244,7 +244,12 @@ class SimulatedReplica:
             and self.args.unfinished_every > 0
             and page % self.args.unfinished_every == 0
         )
-        text = self.text(test_text, page, size, digest, mode)
+        task = self.element_task(prompt) if not test_page else None
+        text = (
+            self.text(test_text, page, size, digest, mode)
+            if task is None
+            else element_answer(self.recipe, task, page, size, digest)
+        )
         return web.json_response(
             {
                 "object": "chat.completion",
@@ -262,6 +267,14 @@ class SimulatedReplica:
                 },
             }
         )
+
+    def element_task(self, prompt: str) -> str | None:
+        """With --reads-elements: the model's task whose prompt this is (each request is
+        one region of a page, from ocrd's layout stage); None otherwise."""
+        if not self.args.reads_elements:
+            return None
+        asked = prompt.strip()
+        return next((p.task for p in self.recipe.prompts if p.text.strip() == asked), None)
 
     def text(
         self,
@@ -344,6 +357,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--record-file", help="append each request's method, path, key")
     parser.add_argument("--refuse-page-once", type=int, default=0, help="503 its first request")
     parser.add_argument("--model", help="answer as this OCR model writes (ocrd.models' names)")
+    parser.add_argument(
+        "--reads-elements",
+        action="store_true",
+        help="answer each request as one region of a page: the element its prompt asks "
+        "for (ocrd's layout stage), not a whole page",
+    )
     args = parser.parse_args(argv)
     if (args.socket is None) == (args.port is None):
         parser.error("give exactly one of --socket and --port")

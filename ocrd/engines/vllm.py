@@ -214,7 +214,7 @@ class VllmEngine(InProcess):
     async def recognise(self, page: PageImage, mode: PromptMode, priority: int = 0) -> PageText:
         self._in_flight += 1
         try:
-            prompt = await self.prompt_text(prompt_for(self.recipe, mode))
+            prompt = await self.prompt_text(prompt_for(self.recipe, mode, page.task))
             page = await asyncio.to_thread(fit_page, page, self.recipe)
             text = await self.generate(page.image, prompt, self._params, page.number, priority)
         except EngineError:

@@ -1,25 +1,34 @@
 """GLM-OCR (zai-org/GLM-OCR): a layout stage, then one request per region.
 
 Recipe, from zai-org/GLM-OCR at cef4d0e: `README.md` ("Deploy with vLLM", licences) and
-`glmocr/config.yaml` (the SDK's defaults), `glmocr/postprocess/result_formatter.py`:
+`glmocr/config.yaml` (the SDK's defaults), `glmocr/layout/layout_detector.py`,
+`glmocr/postprocess/result_formatter.py`:
 
 - the page (PDFs rendered at 200 dpi) goes first to PP-DocLayoutV3
   (PaddlePaddle/PP-DocLayoutV3_safetensors, threshold 0.3), which finds regions and their
-  reading order; each region is cut out and sent with its task's prompt:
-  `Text Recognition:` (text, titles, abstracts, captions, …), `Table Recognition:`,
-  `Formula Recognition:`; images and charts are kept as regions, not read; headers,
-  footers, page numbers and footnotes are dropped;
+  reading order; the SDK loads it with transformers' `PPDocLayoutV3ForObjectDetection`
+  (transformers 5.3 or later, its pyproject says), whose post-processing returns the
+  regions sorted by the model's own reading order (`order_seq`);
+- each region is cut out and sent with its task's prompt (`task_prompt_mapping`):
+  `Text Recognition:` (abstract, algorithm, content, doc_title, figure_title,
+  paragraph_title, reference_content, text, vertical_text, vision_footnote, seal,
+  formula_number), `Table Recognition:` (table), `Formula Recognition:` (display_formula,
+  inline_formula); image and chart regions are kept, not read (`skip`); header, footer,
+  number, footnote, aside_text, reference, footer_image and header_image are dropped
+  (`abandon`) (`label_task_mapping`; the 25 labels are the checkpoint's `id2label`);
 - `max_tokens` 8192, `temperature` 0, `top_p` 0.00001, `top_k` 1, `repetition_penalty`
   1.1; images between 12,544 and 71,372,800 pixels;
 - served with `vllm serve zai-org/GLM-OCR --speculative-config '{"method": "mtp",
   "num_speculative_tokens": 3}'`.
 
-ocrd has no layout detector, so it cannot run this pipeline itself yet (the model alone,
-sent a whole page, is not what it was tuned for). What is parsed here is what the SDK
-publishes per page: `[[{index, label, content, bbox_2d}, …]]`, labels text, table,
-formula, image, `bbox_2d` normalised to 0..1000, content after the SDK's clean-up (a title
-as `# …`, a section heading as `## …`, tables as HTML, formulas as `$$ … $$`). An answer that
-is no such JSON is read as one region's Markdown.
+ocrd runs that pipeline where `engine.layout.detector` is set (ocrd/engines/layout.py):
+`LAYOUT` below is the SDK's mapping. Without a detector, a page is sent whole with
+`Text Recognition:` (the model alone, sent a whole page, is not what it was tuned for).
+Either way what is parsed here is what the SDK publishes per page:
+`[[{index, label, content, bbox_2d}, …]]`, labels text, table, formula, image, `bbox_2d`
+normalised to 0..1000, content after the SDK's clean-up (a title as `# …`, a section
+heading as `## …`, tables as HTML, formulas as `$$ … $$`). An answer that is no such JSON
+is read as one region's Markdown.
 """
 
 from __future__ import annotations
@@ -30,7 +39,17 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ocrd.models.markdown_blocks import markdown_blocks, thousandths_box
-from ocrd.models.recipe import ImageRule, ImageSize, Model, Prompt, Reading, Sampling, SelfCheck
+from ocrd.models.recipe import (
+    ImageRule,
+    ImageSize,
+    Layout,
+    Model,
+    Prompt,
+    Reading,
+    RegionKind,
+    Sampling,
+    SelfCheck,
+)
 from ocrd.models.selfcheck import HARBOUR_PAGE
 from ocrd.text.grounding import SCALE, Block, Box, clean_label
 
@@ -39,6 +58,36 @@ PROMPTS = (
     Prompt("text", "Text Recognition:"),
     Prompt("table", "Table Recognition:"),
     Prompt("formula", "Formula Recognition:"),
+)
+_TEXT_LABELS = {
+    "abstract": "text",
+    "algorithm": "code",
+    "content": "text",
+    "doc_title": "title",
+    "figure_title": "figure_title",
+    "paragraph_title": "sub_title",
+    "reference_content": "text",
+    "text": "text",
+    "vertical_text": "text",
+    "vision_footnote": "footnote",
+    "seal": "text",
+    "formula_number": "text",
+}
+LAYOUT = Layout(
+    detector="PaddlePaddle/PP-DocLayoutV3_safetensors",
+    threshold=0.3,
+    elements={
+        **{label: RegionKind(kind, "text") for label, kind in _TEXT_LABELS.items()},
+        "table": RegionKind("table", "table"),
+        "display_formula": RegionKind("equation", "formula"),
+        "inline_formula": RegionKind("equation", "formula"),
+        "image": RegionKind("image", None),
+        "chart": RegionKind("image", None),
+    },
+    dropped=frozenset(
+        {"header", "footer", "number", "footnote", "aside_text", "reference"}
+        | {"footer_image", "header_image"}
+    ),
 )
 LABELS = {"table": "table", "formula": "equation", "image": "image", "chart": "image"}
 
@@ -138,4 +187,5 @@ def model() -> Model:
         write=write,
         # The whole test page in one "Text Recognition:" request: the words must come back.
         self_check=SelfCheck(HARBOUR_PAGE, task="text", long_side=1024, max_tokens=768),
+        layout=LAYOUT,
     )

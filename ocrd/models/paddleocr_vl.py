@@ -12,10 +12,24 @@ PaddlePaddle/PaddleOCR at b8fae77 (`docs/version3.x/pipeline_usage/PaddleOCR-VL.
   image regions are kept, not read. (1.5 adds seal recognition and text spotting, whose
   prompts are not written down here: ocrd would not send them.)
 
-ocrd has no layout detector, so it cannot run this pipeline itself yet (the model sent a
-whole page with `OCR:` reads its text, without layout). What is parsed here is what the
-pipeline publishes per page (`save_to_json`, documented in PaddleOCR-VL.en.md, "Process the
-prediction results"): `parsing_res_list`, one entry per region in reading order with
+Its layout stage for 1.5 is PP-DocLayoutV3 ("Layout Analysis Module of PaddleOCR-VL-1.5",
+its model card at huggingface.co/PaddlePaddle/PP-DocLayoutV3, whose transformers
+checkpoint is PaddlePaddle/PP-DocLayoutV3_safetensors, loaded by transformers'
+`PPDocLayoutV3ForObjectDetection`, which returns the regions in the model's reading
+order). Its 25 labels, and the layout score threshold 0.5, are those of PaddleOCR-VL.en.md
+(the `layout_det_res` example: cls_id 6 doc_title, 14 image, 17 paragraph_title, 22 text,
+24 vision_footnote; the parameter table: `layout_threshold` 0.5). Which label gets which
+prompt follows the pipeline: tables (answered in OTSL, which the pipeline turns into an
+HTML table, as ocrd/models/otsl.py does), formulas, charts (only with `use_chart_recognition`,
+off by default: a chart is then kept as an image), every other region `OCR:`; images are
+kept, not read; headers, footers and page numbers are read too (the pipeline's
+`parsing_res_list` lists them), as furniture.
+
+ocrd runs that pipeline where `engine.layout.detector` is set (ocrd/engines/layout.py):
+`LAYOUT` below. Without a detector a page is sent whole with `OCR:` (which reads its text,
+without layout). What is parsed here is what the pipeline publishes per page
+(`save_to_json`, documented in PaddleOCR-VL.en.md, "Process the prediction results"):
+`parsing_res_list`, one entry per region in reading order with
 `block_label` (doc_title, paragraph_title, text, table, display_formula, image,
 figure_title, vision_footnote, header, footer, number, …), `block_content` (tables as
 HTML, formulas as LaTeX) and `block_bbox` in pixels of the page image, so the image's size
@@ -30,7 +44,18 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ocrd.models.markdown_blocks import markdown_blocks
-from ocrd.models.recipe import ImageRule, ImageSize, Model, Prompt, Reading, Sampling, SelfCheck
+from ocrd.models.otsl import otsl_html
+from ocrd.models.recipe import (
+    ImageRule,
+    ImageSize,
+    Layout,
+    Model,
+    Prompt,
+    Reading,
+    RegionKind,
+    Sampling,
+    SelfCheck,
+)
 from ocrd.models.selfcheck import HARBOUR_PAGE
 from ocrd.text.grounding import SCALE, Block, Box, clean_label
 
@@ -51,6 +76,40 @@ LABELS = {
     "vision_footnote": "footnote",
     "number": "page_number",
 }
+_KINDS = {  # the detector's labels that are not plain text, as ocrd's blocks
+    "doc_title": "title",
+    "paragraph_title": "sub_title",
+    "figure_title": "figure_title",
+    "vision_footnote": "footnote",
+    "number": "page_number",
+    "algorithm": "code",
+    "header": "header",
+    "footer": "footer",
+}
+
+
+def element_content(task: str, answer: str) -> str:
+    """A region's answer as its block's content: a table's OTSL as HTML, as the pipeline
+    does; every other answer as it is."""
+    return otsl_html(answer) if task == "table" else answer
+
+
+LAYOUT = Layout(
+    detector="PaddlePaddle/PP-DocLayoutV3_safetensors",
+    threshold=0.5,
+    elements={
+        **{label: RegionKind(kind, "ocr") for label, kind in _KINDS.items()},
+        "table": RegionKind("table", "table"),
+        "display_formula": RegionKind("equation", "formula"),
+        "inline_formula": RegionKind("equation", "formula"),
+        "image": RegionKind("image", None),
+        "header_image": RegionKind("image", None),
+        "footer_image": RegionKind("image", None),
+        "chart": RegionKind("image", None),  # `use_chart_recognition` is off by default
+    },
+    fallback=RegionKind("text", "ocr"),
+    content=element_content,
+)
 MAX_PAGES = 1000  # pages read from one answer; more is no page's answer
 
 
@@ -153,4 +212,5 @@ def model() -> Model:
         write=write,
         # The whole test page in one "OCR:" request: the words must come back.
         self_check=SelfCheck(HARBOUR_PAGE, task="ocr", long_side=1024, max_tokens=768),
+        layout=LAYOUT,
     )

@@ -106,6 +106,39 @@ class SelfCheck:
 
 
 @dataclass(frozen=True)
+class RegionKind:
+    """What a layout region of one detector label becomes: a block of `label` (ocrd's
+    block labels, those the model's own parser gives), read with the model's prompt for
+    `task` (None: kept as a region, not read, as figures are)."""
+
+    label: str
+    task: str | None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout stage a model's published pipeline runs before its element prompts:
+    which detector it publishes (a transformers checkpoint, on a hub), its score
+    threshold, what each of the detector's labels becomes, and which labels the pipeline
+    drops. A label not listed is read as text (`fallback`)."""
+
+    detector: str
+    threshold: float
+    elements: dict[str, RegionKind]
+    dropped: frozenset[str] = frozenset()
+    fallback: RegionKind = RegionKind("text", "text")
+    # A region's answer as its block's content, by the task it was read with (PaddleOCR-VL
+    # answers tables in OTSL, which its pipeline turns into HTML).
+    content: Callable[[str, str], str] = field(repr=False, default=lambda task, answer: answer)
+
+    def element(self, label: str) -> RegionKind | None:
+        """What a region of `label` becomes; None where the pipeline drops it."""
+        if label in self.dropped:
+            return None
+        return self.elements.get(label, self.fallback)
+
+
+@dataclass(frozen=True)
 class Model:
     """One OCR model, as ocrd uses it."""
 
@@ -124,6 +157,9 @@ class Model:
     parse: Parser = field(repr=False)
     self_check: SelfCheck
     write: Writer = field(repr=False, default=lambda blocks, size: markdown_text(blocks))
+    # The layout stage of the model's pipeline (ocrd runs it with `engine.layout`); None:
+    # the model reads whole pages only.
+    layout: Layout | None = None
 
     def prompt(self, task: str) -> str:
         for prompt in self.prompts:

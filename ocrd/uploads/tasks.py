@@ -51,6 +51,10 @@ class TaskOptions(Strict):
     to_formats: tuple[str, ...] = ("md",)
     image_export_mode: str = "placeholder"
     filename: str = ""  # as the client named it
+    # A chunk task (docling-serve's /v1/chunk routes): its chunking options, and whether
+    # its answer holds the DoclingDocument too. None: a conversion task.
+    chunking: dict[str, Any] | None = None
+    include_converted_doc: bool = False
 
     def record(self) -> bytes:
         return self.model_dump_json().encode()

@@ -130,7 +130,11 @@ ERRORS = {
     504: "not converted within http.docling.max_sync_wait_seconds; the task goes on",
 }
 OPTIONS = {
-    "to_formats": {"type": "array", "items": {"enum": ["md", "json", "text"]}, "default": ["md"]},
+    "to_formats": {
+        "type": "array",
+        "items": {"enum": ["md", "json", "text", "html", "doctags"]},
+        "default": ["md"],
+    },
     "image_export_mode": {
         "enum": ["placeholder", "embedded", "referenced"],
         "default": "placeholder",
@@ -156,6 +160,21 @@ OPTIONS = {
     "from_formats": {"type": "array", "items": {"type": "string"}},
     "abort_on_error": {"type": "boolean", "default": False},
     "md_compact_tables": {"type": "boolean", "default": False},
+}
+TEXT_OR_NULL = {"type": ["string", "null"]}
+CHUNKING = {
+    "use_markdown_tables": {"type": "boolean", "default": False},
+    "use_markdown_images": {"const": False, "default": False},
+    "image_placeholder": {"type": "string", "maxLength": 1000, "default": "![IMAGE]"},
+    "include_raw_text": {"type": "boolean", "default": False},
+    "max_tokens": {
+        "type": ["integer", "null"],
+        "minimum": 1,
+        "maximum": 1000000,
+        "description": "hybrid only; tokens counted without a downloaded vocabulary",
+    },
+    "tokenizer": {"const": "sentence-transformers/all-MiniLM-L6-v2", "description": "hybrid only"},
+    "merge_peers": {"type": "boolean", "default": True, "description": "hybrid only"},
 }
 SCHEMAS: dict[str, Any] = {
     "Detail": {"type": "object", "properties": {"detail": {"type": "string"}}},
@@ -193,7 +212,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["task_id", "task_status"],
         "properties": {
             "task_id": {"type": "string"},
-            "task_type": {"const": "convert"},
+            "task_type": {"enum": ["convert", "chunk"]},
             "task_status": {
                 "enum": ["pending", "started", "success", "partial_success", "failure"]
             },
@@ -205,21 +224,78 @@ SCHEMAS: dict[str, Any] = {
     "ConvertResult": {
         "type": "object",
         "properties": {
-            "document": {
-                "type": "object",
-                "properties": {
-                    "filename": {"type": "string"},
-                    "md_content": {"type": "string"},
-                    "json_content": {"type": "object", "description": "a DoclingDocument"},
-                    "text_content": {"type": "string"},
-                },
-            },
+            "document": {"$ref": REF.format("Document")},
             "status": {"enum": ["success", "partial_success", "failure"]},
             "errors": {"type": "array", "items": {"type": "object"}},
             "processing_time": {"type": "number"},
             "timings": {"type": "object"},
         },
     },
+    "Document": {
+        "type": "object",
+        "required": ["filename"],
+        "properties": {
+            "filename": {"type": "string"},
+            **{f"{name}_content": TEXT_OR_NULL for name in ("md", "html", "text", "doctags")},
+            "doclang_content": {"type": "null"},
+            "json_content": {"type": ["object", "null"], "description": "a DoclingDocument"},
+        },
+        "description": "null for each format to_formats did not ask for",
+    },
+    "ChunkResult": {
+        "type": "object",
+        "required": ["chunks", "documents", "processing_time"],
+        "properties": {
+            "chunks": {"type": "array", "items": {"$ref": REF.format("Chunk")}},
+            "documents": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"const": "ExportResult"},
+                        "content": {"$ref": REF.format("Document")},
+                        "status": {"enum": ["success", "partial_success", "failure"]},
+                        "errors": {"type": "array", "items": {"type": "object"}},
+                        "timings": {"type": "object"},
+                    },
+                },
+            },
+            "processing_time": {"type": "number"},
+        },
+    },
+    "Chunk": {
+        "type": "object",
+        "required": ["filename", "chunk_index", "text", "doc_items"],
+        "properties": {
+            "filename": {"type": "string"},
+            "chunk_index": {"type": "integer"},
+            "text": {"type": "string", "description": "with its headings before it"},
+            "raw_text": TEXT_OR_NULL,
+            "num_tokens": {"type": ["integer", "null"], "description": "hybrid only"},
+            "headings": {"type": ["array", "null"], "items": {"type": "string"}},
+            "captions": {"type": ["array", "null"], "items": {"type": "string"}},
+            "doc_items": {"type": "array", "items": {"type": "string"}},
+            "page_numbers": {"type": ["array", "null"], "items": {"type": "integer"}},
+            "metadata": {"type": ["object", "null"]},
+        },
+    },
+    "ChunkSourceRequest": {
+        "type": "object",
+        "required": ["sources"],
+        "properties": {
+            "convert_options": {"$ref": REF.format("Options")},
+            "chunking_options": {"type": "object", "properties": CHUNKING},
+            "include_converted_doc": {"type": "boolean", "default": False},
+            "sources": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 1,
+                "items": {"$ref": REF.format("FileSource")},
+            },
+            "target": {"type": "object", "properties": {"kind": {"const": "inbody"}}},
+        },
+    },
+    "Versions": {"type": "object", "additionalProperties": {"type": "string"}},
     "SourceRequest": {
         "type": "object",
         "required": ["sources"],
@@ -235,17 +311,18 @@ SCHEMAS: dict[str, Any] = {
         },
     },
 }
+FILE_PART = {
+    "type": "string",
+    "contentMediaType": "application/octet-stream",
+    "minLength": 1,  # an empty file is refused (400)
+}
 FILE_BODY = {
     "multipart/form-data": {
         "schema": {
             "type": "object",
             "required": ["files"],
             "properties": {
-                "files": {
-                    "type": "string",
-                    "contentMediaType": "application/octet-stream",
-                    "minLength": 1,  # an empty file is refused (400)
-                },
+                "files": FILE_PART,
                 "target_type": {"const": "inbody"},
                 **OPTIONS,
             },
@@ -253,6 +330,22 @@ FILE_BODY = {
     }
 }
 SOURCE_BODY = {"application/json": {"schema": {"$ref": REF.format("SourceRequest")}}}
+CHUNK_FILE_BODY = {
+    "multipart/form-data": {
+        "schema": {
+            "type": "object",
+            "required": ["files"],
+            "properties": {
+                "files": FILE_PART,
+                "target_type": {"const": "inbody"},
+                "include_converted_doc": {"type": "boolean", "default": False},
+                **{f"convert_{name}": schema for name, schema in OPTIONS.items()},
+                **{f"chunking_{name}": schema for name, schema in CHUNKING.items()},
+            },
+        }
+    }
+}
+CHUNK_SOURCE_BODY = {"application/json": {"schema": {"$ref": REF.format("ChunkSourceRequest")}}}
 TASK_ID = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}
 WAIT = {
     "name": "wait",
@@ -263,9 +356,11 @@ WAIT = {
 SECURITY: list[dict[str, list[str]]] = [{"apiKey": []}, {"bearer": []}]
 
 
-def _convert(summary: str, body: dict[str, Any], asynchronous: bool) -> dict[str, Any]:
+def _convert(
+    summary: str, body: dict[str, Any], asynchronous: bool, result: str = "ConvertResult"
+) -> dict[str, Any]:
     errors = (400, 401, 403, 408, 413, 422, 503) + (() if asynchronous else (504,))
-    ok = "TaskStatus" if asynchronous else "ConvertResult"
+    ok = "TaskStatus" if asynchronous else result
     return {
         "post": {
             "summary": summary,
@@ -274,6 +369,18 @@ def _convert(summary: str, body: dict[str, Any], asynchronous: bool) -> dict[str
             "responses": _answers(ok, *errors),
         }
     }
+
+
+def _chunk_paths() -> dict[str, Any]:
+    """docling-serve's chunk routes: a task answered with the document's chunks."""
+    paths = {}
+    for chunker in ("hybrid", "hierarchical"):
+        for kind, body in (("file", CHUNK_FILE_BODY), ("source", CHUNK_SOURCE_BODY)):
+            path = f"/v1/chunk/{chunker}/{kind}"
+            summary = f"Chunk a {kind} ({chunker} chunker)"
+            paths[path] = _convert(f"{summary}, answered when done", body, False, "ChunkResult")
+            paths[f"{path}/async"] = _convert(f"{summary} as a task", body, True)
+    return paths
 
 
 def describe(url_sources: bool = False) -> dict[str, Any]:
@@ -293,7 +400,7 @@ def describe(url_sources: bool = False) -> dict[str, Any]:
         "info": {
             "title": "ocrd: docling-serve's conversion API",
             "version": __version__,
-            "description": "docling-serve 1.31.0's v1 routes, answered by ocrd (docs/http.md, "
+            "description": "docling-serve 1.38.2's v1 routes, answered by ocrd (docs/http.md, "
             "'docling-serve's API').",
         },
         "paths": {
@@ -316,7 +423,30 @@ def describe(url_sources: bool = False) -> dict[str, Any]:
                     "summary": "A settled task's result",
                     "parameters": [TASK_ID],
                     "security": SECURITY,
-                    "responses": _answers("ConvertResult", 401, 404),
+                    "responses": {
+                        **_answers("ConvertResult", 401, 404),
+                        "200": {
+                            "description": "a conversion's result, or a chunk task's",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "oneOf": [
+                                            {"$ref": REF.format("ConvertResult")},
+                                            {"$ref": REF.format("ChunkResult")},
+                                        ]
+                                    }
+                                }
+                            },
+                        },
+                    },
+                }
+            },
+            **_chunk_paths(),
+            "/version": {
+                "get": {
+                    "summary": "The versions of ocrd, docling-core and Python",
+                    "security": SECURITY,
+                    "responses": _answers("Versions", 401),
                 }
             },
             "/health": {

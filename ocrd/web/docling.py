@@ -8,9 +8,13 @@ own client, paperless-ngx's parser, RAG front ends) can call ocrd instead:
     POST /v1/convert/source/async   listed host), `options`, `target` (inbody)
     GET  /v1/status/poll/{task_id}  the task (`?wait=` seconds for it to settle)
     GET  /v1/result/{task_id}       its result: `document` (md_content, json_content,
-                                    text_content as to_formats asks), status, errors,
-                                    processing_time
+                                    html_content, text_content, doctags_content as
+                                    to_formats asks), status, errors, processing_time
+    POST /v1/chunk/{hybrid,hierarchical}/{file,source}[/async]
+                                    the same, answered with the document's chunks
+                                    (`ocrd/web/docling_chunks.py`)
     GET  /health                    docling-serve's liveness answer
+    GET  /version                   the versions of ocrd and docling-core
 
 A task is an upload into the configured inbox (`ocrd/uploads/uploads.py`) with a record of
 its options beside it (`ocrd/uploads/tasks.py`), written before the upload is in the inbox:
@@ -42,16 +46,23 @@ from ocrd.uploads.tasks import (
     MAX_RECORD_BYTES,
     TaskOptions,
     register,
-    remove_record,
     write_record,
 )
 from ocrd.web import apidocs
 from ocrd.web.api import READ_BYTES, WAIT_RETRY_SECONDS, token_matches
+from ocrd.web.docling_answers import json_errors, result_body, version
 from ocrd.web.docling_body import read_json_body
-from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form, parse
-from ocrd.web.docling_sources import Fetched, file_source, url_source
+from ocrd.web.docling_chunks import (
+    CHUNKERS,
+    Chunking,
+    chunking_options,
+    source_options,
+    split_form,
+)
+from ocrd.web.docling_options import DoclingOptions, OptionRefused, from_form
+from ocrd.web.docling_sources import Fetched, file_source, url_source, write_fetched
 from ocrd.web.documents import Documents
-from ocrd.web.tasks import Images, Task, Tasks, TaskStatus, document_content, errors_of
+from ocrd.web.tasks import Images, Task, Tasks, TaskStatus
 from ocrd.web.uploading import Uploading
 
 MAX_WAIT_SECONDS = 300.0
@@ -63,6 +74,11 @@ PRESIGNED = (  # docling-serve's words, on which its clients fall back to an ans
 )
 MAX_FILENAME_CHARS = 1000  # the name a task's answer gives its document
 IMAGE_SUFFIXES = (".tif", ".tiff", ".png", ".jpg", ".jpeg")
+OFFICE_KINDS = {
+    **{kind: kind for kind in ("docx", "pptx", "xlsx", "html", "md", "csv")},
+    "htm": "html",
+    "markdown": "md",
+}
 
 
 def detail(status: int, message: str) -> web.Response:
@@ -89,10 +105,22 @@ def _target_kind(target: object) -> object:
     return target.get("kind")
 
 
-def task_options(options: DoclingOptions, filename: str) -> TaskOptions:
-    """The record of a task with these options; UploadRefused where from_formats excludes
-    the file."""
-    kind = "image" if filename.lower().endswith(IMAGE_SUFFIXES) else "pdf"
+def input_kind(filename: str) -> str:
+    """docling's name for the kind of file a name says (for `from_formats`; what the file
+    is, the daemon tells by its content)."""
+    name = filename.lower()
+    suffix = name[name.rfind(".") + 1 :] if "." in name else ""
+    if name.endswith(IMAGE_SUFFIXES):
+        return "image"
+    return OFFICE_KINDS.get(suffix, "pdf")
+
+
+def task_options(
+    options: DoclingOptions, filename: str, chunking: Chunking | None = None
+) -> TaskOptions:
+    """The record of a task with these options (a chunk task's too); UploadRefused where
+    from_formats excludes the file."""
+    kind = input_kind(filename)
     if not options.takes(kind):
         raise UploadRefused(422, f"from_formats excludes {filename!r} (a {kind})")
     record = TaskOptions(
@@ -107,6 +135,13 @@ def task_options(options: DoclingOptions, filename: str) -> TaskOptions:
         image_export_mode=options.image_export_mode,
         filename=printable(filename)[:MAX_FILENAME_CHARS],
     )
+    if chunking is not None:
+        record = record.model_copy(
+            update={
+                "chunking": chunking.options.model_dump(),
+                "include_converted_doc": chunking.include_converted_doc,
+            }
+        )
     if len(record.record()) > MAX_RECORD_BYTES:  # read back by every poll: refused now
         raise UploadRefused(
             422, f"the options take more than {MAX_RECORD_BYTES // 1024} KB; send shorter ones"
@@ -120,7 +155,7 @@ def task_answer(task_id: str, task: Task | None) -> web.Response:
     done = status in (TaskStatus.success, TaskStatus.partial_success, TaskStatus.failure)
     body = {
         "task_id": task_id,
-        "task_type": "convert",
+        "task_type": "convert" if task is None or task.options.chunking is None else "chunk",
         "task_status": status.value,
         "task_position": task.position if task is not None else None,
         "task_meta": {
@@ -158,17 +193,16 @@ class DoclingApi:
         self.log = get_logger()
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
-        for path, asynchronous in (("/v1/convert/file", False), ("/v1/convert/file/async", True)):
-            router.add_post(path, functools.partial(self.convert_file, asynchronous=asynchronous))
-        for path, asynchronous in (
-            ("/v1/convert/source", False),
-            ("/v1/convert/source/async", True),
-        ):
-            handler = functools.partial(self.convert_source, asynchronous=asynchronous)
-            router.add_post(path, handler)
+        for chunker in (None, *CHUNKERS):
+            base = "/v1/convert" if chunker is None else f"/v1/chunk/{chunker}"
+            for suffix, asynchronous in (("", False), ("/async", True)):
+                for kind, handle in (("file", self.convert_file), ("source", self.convert_source)):
+                    handler = functools.partial(handle, asynchronous=asynchronous, chunker=chunker)
+                    router.add_post(f"{base}/{kind}{suffix}", handler)
         router.add_get("/v1/status/poll/{task_id}", self.poll)
         router.add_get("/v1/result/{task_id}", self.result)
         router.add_get("/health", self.health)
+        router.add_get("/version", version)
 
     # --- admitting and receiving -------------------------------------------------------------
 
@@ -220,12 +254,17 @@ class DoclingApi:
             return detail(503, f"ocrd could not write the file: {printable(describe(failure))}")
 
     def _refused(self, request: web.Request, refused: UploadRefused) -> web.Response:
+        if refused.reason == PRESIGNED:  # docling's client asks so before every conversion
+            self.log.info("task.presigned_declined", client=request.remote)
+            return detail(refused.status, refused.reason)
         self.log.warning(
             "task.refused", status=refused.status, reason=refused.reason, client=request.remote
         )
         return detail(refused.status, refused.reason)
 
-    async def _file_task(self, request: web.Request, inbox: InboxConfig) -> Receiving:
+    async def _file_task(
+        self, request: web.Request, inbox: InboxConfig, chunker: str | None
+    ) -> Receiving:
         """The multipart request's file, streamed into the inbox with its task record."""
         fields: dict[str, list[str]] = {}
         try:
@@ -234,7 +273,7 @@ class DoclingApi:
                 if not isinstance(part, BodyPartReader):
                     continue
                 if part.name == "files":
-                    return await self._stream(request, inbox, reader, part, fields)
+                    return await self._stream(request, inbox, (reader, part), fields, chunker)
                 if sum(map(len, fields.values())) >= MAX_FIELDS:
                     raise UploadRefused(422, "too many form fields")
                 fields.setdefault(part.name or "", []).append(await self.bodies.field(part))
@@ -246,12 +285,15 @@ class DoclingApi:
         self,
         request: web.Request,
         inbox: InboxConfig,
-        reader: MultipartReader,
-        part: BodyPartReader,
+        parts: tuple[MultipartReader, BodyPartReader],
         fields: dict[str, list[str]],
+        chunker: str | None,
     ) -> Receiving:
+        reader, part = parts
         name = clean_filename(part.filename)
-        self._form_options(fields, name)  # refused before the file is read, where it can be
+        self._form_options(
+            fields, name, chunker
+        )  # refused before the file is read, where it can be
 
         async def before_commit(receiving: Receiving) -> None:
             while (more := await self.bodies.idle_limited(reader.next)) is not None:
@@ -260,21 +302,29 @@ class DoclingApi:
                 if more.name == "files":
                     raise UploadRefused(422, "one file per request: send each on its own")
                 fields.setdefault(more.name or "", []).append(await self.bodies.field(more))
-            record = self._form_options(fields, name)
+            record = self._form_options(fields, name, chunker)
             await asyncio.to_thread(write_record, receiving.folder, record)
             await asyncio.to_thread(register, inbox, receiving.id, record)
 
         read = functools.partial(part.read_chunk, READ_BYTES)
         return await self.bodies.store(str(inbox.path), part.filename, read, before_commit)
 
-    def _form_options(self, fields: dict[str, list[str]], name: str) -> TaskOptions:
+    def _form_options(
+        self, fields: dict[str, list[str]], name: str, chunker: str | None
+    ) -> TaskOptions:
         options = dict(fields)
+        chunking = None
+        if chunker is not None:
+            options, values, include = split_form(options)
+            chunking = Chunking(chunking_options(chunker, values), include)
         _target((options.pop("target_type", None) or ["inbody"])[-1])
         if any(value.strip() for value in options.pop("callbacks", [])):
             raise UploadRefused(422, "callbacks are not served; poll /v1/status/poll/{task_id}")
-        return task_options(from_form(options), name)
+        return task_options(from_form(options), name, chunking)
 
-    async def _source_task(self, request: web.Request, inbox: InboxConfig) -> Receiving:
+    async def _source_task(
+        self, request: web.Request, inbox: InboxConfig, chunker: str | None
+    ) -> Receiving:
         """The JSON request's one source, fetched or decoded, written into the inbox with its
         task record."""
         limit = self.config.max_upload_bytes * 4 // 3 + JSON_OVERHEAD
@@ -293,10 +343,11 @@ class DoclingApi:
             _target(_target_kind(payload.get("target")))
             if payload.get("callbacks"):
                 raise UploadRefused(422, "callbacks are not served; poll /v1/status/poll/{task_id}")
-            options = parse(payload.get("options") or {})
+            options, chunking = source_options(payload, chunker)
             fetched = await self._fetch(sources[0], spool)
-            record = task_options(options, fetched.name)
-            return await asyncio.to_thread(self._write, inbox, fetched, record)
+            record = task_options(options, fetched.name, chunking)
+            uploads = self.bodies.uploads
+            return await asyncio.to_thread(write_fetched, uploads, inbox, fetched, record)
 
     async def _fetch(self, source: dict[str, Any], spool: BinaryIO) -> Fetched:
         kind = source.get("kind", "file" if "base64_string" in source else None)
@@ -310,33 +361,23 @@ class DoclingApi:
             )
         raise UploadRefused(422, f"source kind {kind!r} is not served (file, http)")
 
-    def _write(self, inbox: InboxConfig, fetched: Fetched, record: TaskOptions) -> Receiving:
-        receiving = self.bodies.uploads.begin(inbox, clean_filename(fetched.name), fetched.name)
-        try:
-            for piece in fetched.pieces():
-                receiving.write(piece)
-            write_record(receiving.folder, record)
-            register(inbox, receiving.id, record)
-            receiving.commit()
-        except BaseException:
-            receiving.abort()
-            remove_record(inbox, receiving.id)
-            raise
-        return receiving
-
     # --- answering -----------------------------------------------------------------------------
 
-    async def convert_file(self, request: web.Request, asynchronous: bool) -> web.Response:
+    async def convert_file(
+        self, request: web.Request, asynchronous: bool, chunker: str | None
+    ) -> web.Response:
         def receive() -> Awaitable[Receiving]:
-            return self._file_task(request, self._admit(request, 64 * 1024))
+            return self._file_task(request, self._admit(request, 64 * 1024), chunker)
 
         return await self._convert(request, receive, asynchronous)
 
-    async def convert_source(self, request: web.Request, asynchronous: bool) -> web.Response:
+    async def convert_source(
+        self, request: web.Request, asynchronous: bool, chunker: str | None
+    ) -> web.Response:
         limit = self.config.max_upload_bytes // 3 + JSON_OVERHEAD  # base64 is 4/3 its bytes
 
         def receive() -> Awaitable[Receiving]:
-            return self._source_task(request, self._admit(request, limit))
+            return self._source_task(request, self._admit(request, limit), chunker)
 
         return await self._convert(request, receive, asynchronous)
 
@@ -412,14 +453,7 @@ class DoclingApi:
     async def _result(self, request: web.Request, task: Task) -> web.Response:
         base = f"{request.url.origin()}/api/documents/{task.id}"
         images = Images(task.options.image_export_mode, base)
-        document = await asyncio.to_thread(document_content, task, images)
-        body = {
-            "document": document,
-            "status": task.status.value,
-            "errors": errors_of(task),
-            "processing_time": task.processing_time,
-            "timings": {},
-        }
+        body = await asyncio.to_thread(result_body, task, images)
         return web.json_response(body, dumps=functools.partial(json.dumps, ensure_ascii=False))
 
     async def health(self, request: web.Request) -> web.Response:
@@ -448,6 +482,7 @@ def serve_docling_api(
     """docling-serve's routes, the API page, and the tidying of expired tasks while the
     server runs."""
     tasks = Tasks(documents, lambda: documents.config)
+    app.middlewares.append(json_errors)
     DoclingApi(api, tasks, config).add_routes(app.router)
     apidocs.add_routes(app.router, apidocs.describe(bool(config.docling.url_hosts)))
 

@@ -1,6 +1,6 @@
 """The conversion options of docling-serve's API, each honoured or refused, never ignored.
 
-Honoured: `to_formats` (md, json, text), `image_export_mode` (placeholder, embedded,
+Honoured: `to_formats` (md, json, text, html, doctags), `image_export_mode` (placeholder, embedded,
 referenced), `page_range`, `do_ocr` and `force_ocr` (the text layer against the pixels:
 ocrd's `pdf_text`), `include_images` (figures), `md_page_break_placeholder` (the page
 separator), `from_formats` (the file must be one of them), and options that change nothing
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ocrd.config import PdfText
 
-FORMATS = ("md", "json", "text")
+FORMATS = ("md", "json", "text", "html", "doctags")
 IMAGE_MODES = ("placeholder", "embedded", "referenced")
 ALL_PAGES = (1, sys.maxsize)
 # docling-serve's defaults (ConvertDocumentsOptions, docling-serve 1.31.0) of the options
@@ -57,7 +57,11 @@ ALSO_DEFAULT: dict[str, tuple[Any, ...]] = {
     "ocr_lang": ([],),
 }
 NO_EFFECT = ("abort_on_error", "md_compact_tables")
-INPUT_FORMATS = {"pdf": "pdf", "image": "image"}
+INPUT_FORMATS = {
+    "pdf": "pdf",
+    "image": "image",
+    **{kind: kind for kind in ("docx", "pptx", "xlsx", "html", "md", "csv")},  # docling's
+}
 MAX_PLACEHOLDER_CHARS = 1000  # a page separator, written between every two pages
 
 
@@ -105,7 +109,8 @@ class DoclingOptions(BaseModel):
         if self.from_formats is not None and not set(self.from_formats) & set(INPUT_FORMATS):
             raise OptionRefused(
                 "from_formats",
-                "ocrd reads PDFs and images only ('pdf', 'image'); none of them is allowed here",
+                f"ocrd reads {', '.join(map(repr, INPUT_FORMATS))} only; none of them is "
+                "allowed here",
             )
         for name, value in (self.model_extra or {}).items():
             _check_default(name, value)

@@ -23,7 +23,10 @@ from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import httpx
 
-from ocrd.uploads.receiving import UploadRefused
+from ocrd.config import InboxConfig
+from ocrd.uploads.receiving import Receiving, UploadRefused, clean_filename
+from ocrd.uploads.tasks import TaskOptions, register, remove_record, write_record
+from ocrd.uploads.uploads import Uploads
 from ocrd.web.docling_body import SPOOLED
 
 FETCH_CHUNK_BYTES = 256 * 1024
@@ -168,3 +171,22 @@ async def url_source(
         raise UploadRefused(422, f"{url!r} answered an empty file")
     name = unquote(parts.path.rsplit("/", 1)[-1]) or "download"
     return Fetched(name, bytes(data))
+
+
+def write_fetched(
+    uploads: Uploads, inbox: InboxConfig, fetched: Fetched, record: TaskOptions
+) -> Receiving:
+    """A source's file written into the inbox as an upload with its task record, or
+    nothing of it left. Blocking."""
+    receiving = uploads.begin(inbox, clean_filename(fetched.name), fetched.name)
+    try:
+        for piece in fetched.pieces():
+            receiving.write(piece)
+        write_record(receiving.folder, record)
+        register(inbox, receiving.id, record)
+        receiving.commit()
+    except BaseException:
+        receiving.abort()
+        remove_record(inbox, receiving.id)
+        raise
+    return receiving

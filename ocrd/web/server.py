@@ -386,7 +386,7 @@ async def _one_request_per_connection(request: web.Request, handler: Handler) ->
 def _unauthorised(request: web.Request, reason: str) -> web.Response:
     """401 in the shape the route's clients read: docling-serve's `{"detail": ...}` on its
     routes, ocrd's `{"error": ...}` elsewhere."""
-    docling = request.path.startswith(DOCLING_PREFIX) or request.path == "/health"
+    docling = request.path.startswith(DOCLING_PREFIX) or request.path in ("/health", "/version")
     return web.json_response({"detail" if docling else "error": reason}, status=401)
 
 

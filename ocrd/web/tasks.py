@@ -53,7 +53,22 @@ TIDY_SECONDS = 60.0
 QUEUE_SECONDS = 2.0  # how old the list of waiting tasks that positions come from may be
 MAX_OUTPUT_BYTES = 256 * 1024 * 1024  # an output read back into an answer
 PART_BREAK = "\n\n"  # between the Markdown of a split document's parts
-PLACEHOLDER = "<!-- image -->"  # docling's placeholder for a picture
+PLACEHOLDER = "<!-- image -->"
+# The keys of docling-serve's `document` (ExportDocumentResponse) beside `filename`.
+CONTENT_KEYS = (
+    "md_content",
+    "json_content",
+    "html_content",
+    "text_content",
+    "doctags_content",
+    "doclang_content",
+)
+FROM_DOCLING = (
+    "json",
+    "text",
+    "html",
+    "doctags",
+)  # the formats made from the DoclingDocument  # docling's placeholder for a picture
 _LINK = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 
 
@@ -201,20 +216,13 @@ def docling_for(data: dict[str, Any], outputs: Outputs, images: Images) -> dict[
     return data
 
 
-def text_of(data: dict[str, Any]) -> str:
-    """The document's text as docling exports it."""
-    # docling-core takes over a second to import: only answers that ask for text pay.
-    from docling_core.types.doc.document import DoclingDocument
-
-    return DoclingDocument.model_validate(data).export_to_text()
-
-
 def document_content(task: Task, images: Images) -> dict[str, Any]:
     """`document` of docling-serve's answer: the formats the task asked for, of the whole
-    document (a document split at separator or blank pages: its parts joined, in order).
-    Blocking."""
+    document (a document split at separator or blank pages: its parts joined, in order),
+    and null for those it did not. Blocking."""
     found, formats = task.found, task.options.to_formats
     content: dict[str, Any] = {"filename": task.options.filename or printable(found.name)}
+    content.update(dict.fromkeys(CONTENT_KEYS))
     outputs = found.outputs
     if outputs is None or task.status is TaskStatus.failure:
         return content
@@ -226,12 +234,40 @@ def document_content(task: Task, images: Images) -> dict[str, Any]:
             )
             for part in parts
         )
-    if "json" in formats or "text" in formats:
+    if set(formats) & set(FROM_DOCLING):
         data = _joined([_docling_of(part, images) for part in parts])
-        if data is not None and "text" in formats:
-            content["text_content"] = text_of(data)
-        if data is not None and "json" in formats:
-            content["json_content"] = data
+        if data is not None:
+            content.update(exports(data, formats, images.mode))
+    return content
+
+
+def docling_document(task: Task, images: Images) -> dict[str, Any] | None:
+    """The task's whole DoclingDocument (its parts joined); None where it has none."""
+    outputs = task.found.outputs
+    if outputs is None or task.status is TaskStatus.failure:
+        return None
+    parts = [Outputs(outputs.root, outputs.folder, (name,)) for name in outputs.markdowns]
+    return _joined([_docling_of(part, images) for part in parts])
+
+
+def exports(data: dict[str, Any], formats: tuple[str, ...], mode: str) -> dict[str, Any]:
+    """docling-core's exports of the DoclingDocument that `formats` asks for."""
+    content: dict[str, Any] = {}
+    if "json" in formats:
+        content["json_content"] = data
+    if not set(formats) & {"text", "html", "doctags"}:
+        return content
+    # docling-core takes over a second to import: only answers that need it pay.
+    from docling_core.types.doc.base import ImageRefMode
+    from docling_core.types.doc.document import DoclingDocument
+
+    document = DoclingDocument.model_validate(data)
+    if "text" in formats:
+        content["text_content"] = document.export_to_text()
+    if "html" in formats:
+        content["html_content"] = document.export_to_html(image_mode=ImageRefMode(mode))
+    if "doctags" in formats:
+        content["doctags_content"] = document.export_to_doctags()
     return content
 
 
@@ -246,7 +282,7 @@ def _joined(documents: list[dict[str, Any] | None]) -> dict[str, Any] | None:
         return None
     if len(documents) == 1:
         return documents[0]
-    from docling_core.types.doc.document import DoclingDocument  # slow to import: see text_of
+    from docling_core.types.doc.document import DoclingDocument  # slow to import: see exports
 
     parts = [DoclingDocument.model_validate(document) for document in documents]
     joined = DoclingDocument.concatenate(parts)
