@@ -40,8 +40,9 @@ from ocrd import __version__
 from ocrd.domain import InputFormat, PageResult
 from ocrd.files import temporary_path
 from ocrd.files.dropped import open_input
+from ocrd.output.linefind import LineFinder
 from ocrd.output.pdflayer import lay_text
-from ocrd.output.textlayer import PlacedLine, page_lines
+from ocrd.output.textlayer import FoundLine, PlacedLine, page_lines, wants_found_lines
 
 DEFAULT_PAGE_LONG_SIDE_INCHES = 11.69  # an image without a usable DPI: as long as A4
 MIN_IMAGE_DPI, MAX_IMAGE_DPI = 10.0, 10000.0  # a declared DPI outside is no DPI
@@ -333,12 +334,14 @@ def assemble(
 class PdfSettings:
     """How a searchable PDF is made: PDF/A-2b with `archive` (Ghostscript given
     `archive_timeout_seconds`), encrypted inputs opened with `passwords`, the files read
-    beneath `root` (no link followed out of it)."""
+    beneath `root` (no link followed out of it), the lines of pages whose model gave no
+    positions found by `line_finder` (None: such text is spread over the page)."""
 
     archive: bool = False
     passwords: Sequence[str] = ()
     archive_timeout_seconds: float = 600.0
     root: Path | None = None
+    line_finder: LineFinder | None = None  # finds the lines of pages without positions
 
 
 def write_searchable_pdf(
@@ -357,24 +360,42 @@ def write_searchable_pdf(
     document's recognised pages in the same order; the settings' `passwords` those of the
     inbox, for encrypted PDFs. With `archive`, the file is PDF/A-2b (see
     `ocrd/output/pdfa.py`); where that cannot be, SearchablePdfError with the validator's
-    findings."""
+    findings. With the settings' `line_finder`, the text of a model that gives no positions
+    is laid over the lines found on its page."""
     if len(pages) != len(page_order):
         raise SearchablePdfError(
             f"{len(page_order)} pages in the document, but {len(pages)} recognised"
         )
-    layers = [page_lines(page) for page in pages]
     with _held(files, settings.root) as held:
-        return _write(held, page_order, layers, target, settings)
+        return _write(held, page_order, pages, target, settings)
+
+
+def _layers(
+    base: Path, pages: Sequence[PageResult], settings: PdfSettings
+) -> list[list[PlacedLine]]:
+    """Each page's layer (`base` holds the document's pages in order); a page whose model
+    gave no positions over the lines the settings' `line_finder` finds on it."""
+    wanted = [index for index, page in enumerate(pages) if wants_found_lines(page)]
+    found: dict[int, list[FoundLine]] = {}
+    if wanted and settings.line_finder is not None:
+        doc = open_pdf(base, settings.passwords)
+        try:
+            found = settings.line_finder.find_on_pdf_pages(doc, wanted)
+        except Exception:  # found lines only refine the layer: without them it is spread
+            found = {}
+        finally:
+            doc.close()
+    return [page_lines(page, found.get(index, ())) for index, page in enumerate(pages)]
 
 
 def _write(
     files: Sequence[tuple[Path, InputFormat]],
     page_order: Sequence[tuple[int, int]],
-    layers: Sequence[list[PlacedLine]],
+    pages: Sequence[PageResult],
     target: Path,
     settings: PdfSettings,
 ) -> SearchablePdfResult:
-    passwords, count = settings.passwords, len(layers)
+    passwords, count = settings.passwords, len(pages)
     assembled = temporary_path(target.parent)  # a killed worker's are swept at start
     try:
         if _whole_pdf(files, page_order, passwords):
@@ -382,6 +403,7 @@ def _write(
         else:  # a part of a PDF, images, several files: a new PDF of the pages in order
             assemble(files, page_order, assembled, passwords)
             base = assembled
+        layers = _layers(base, pages, settings)
         layered, own_text, appended = _layered_copy(base, target, passwords, layers)
         incremental = appended and base is not assembled  # the input's own bytes come first
         route = None

@@ -5,6 +5,10 @@ LaTeX reduced to the words a reader searches for and copies) in reading order, e
 box it covers on the page as shown (fractions of its width and height, origin top left):
 
 - an engine that finds lines (RapidOCR) gives one box per line: each line fills its box;
+- a model that gives no positions at all (LightOnOCR-2, olmOCR-2; GLM-OCR and PaddleOCR-VL
+  without their layout stage): its words are shared out over the text lines found on the
+  page's image (`linefit.py`), each run filling its line; where none were found, its lines
+  are stacked over the page in reading order, spread as one block;
 - DeepSeek-OCR-2 gives one box per block (a paragraph, a table, a formula): the block's
   lines are wrapped into as many rows as the box holds at its estimated type size, spread
   over the box top to bottom, filled as type is set (each row as wide as the box, the last
@@ -17,11 +21,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ocrd.domain import PageResult, PageSource
+from ocrd.output.linefit import by_reading, runs
 from ocrd.text.grounding import SCALE, Block, Box
 from ocrd.text.lines import TextLine, reading_order
 from ocrd.text.plain import block_lines
@@ -38,6 +44,11 @@ PAGE_REGION: Region = (0.05, 0.05, 0.95, 0.95)
 MAX_SKEW_SLOPE = 0.2  # about 11 degrees; boxes taller than that are not skew
 MIN_WIDTH_DIFFERENCE = 0.1  # lines compared for the skew differ by a tenth of the longest
 MIN_TEXT_SHARE = 0.3  # a line's text is never estimated below this share of its box
+# Advances in em, about those of a common proportional face; others: 0.52, capitals 0.7,
+# wide (CJK) characters 1.
+EM_WIDTHS = (("ijl.,;:'!|", 0.25), ('ftrI()[]-/"', 0.35), ("mwMW", 0.85), ("0123456789", 0.55))
+SPACE_EM = 0.28
+SAME_TYPE = 1.3  # lines whose heights differ less are taken for one size of type
 FAILED_FINISH_REASONS = frozenset({"error"})
 
 
@@ -258,6 +269,115 @@ def _line_placements(blocks: Sequence[Block]) -> list[PlacedLine]:
     return placed
 
 
+@dataclass(frozen=True)
+class FoundLine:
+    """A text line found on a page's image: its box (fractions of the page as shown) and,
+    where it was read too, its text as read."""
+
+    region: Region
+    text: str = ""
+
+
+def _detected_lines(found: Sequence[FoundLine]) -> list[TextLine]:
+    """Found lines as lines in 0..SCALE (their text as read, or a dash), in reading order."""
+    lines = [
+        TextLine(left * SCALE, top * SCALE, right * SCALE, bottom * SCALE, line.text or "-")
+        for line in found
+        for left, top, right, bottom in [line.region]
+        if right > left and bottom > top
+    ]
+    return reading_order(lines)
+
+
+def _em_width(text: str) -> float:
+    """About how wide `text` is set, in em of a common proportional face: letters differ
+    (an i is a third of an m), and a line is cut by where its words end."""
+    width = 0.0
+    for character in text:
+        if unicodedata.combining(character):
+            continue
+        width += next((em for group, em in EM_WIDTHS if character in group), None) or (
+            1.0 if _is_wide(character) else 0.7 if character.isupper() else 0.52
+        )
+    return width
+
+
+def _type_heights(lines: Sequence[TextLine], slope: float) -> list[float]:
+    """Each line's type height: its box's less the page's skew; the page's body height for
+    every line about as tall as that (ascenders and descenders make the boxes of one size
+    of type differ), its own for a heading or a footnote."""
+    own = [max(ln.height - slope * (ln.x1 - ln.x0), MIN_TEXT_SHARE * ln.height) for ln in lines]
+    body = statistics.median(own)
+    return [body if body / SAME_TYPE <= height <= body * SAME_TYPE else height for height in own]
+
+
+def _by_length(
+    tokens: Sequence[Sequence[tuple[str, bool]]],
+    detected: Sequence[TextLine],
+    page_size: tuple[float, float],
+) -> list[int]:
+    """For each word (`tokens`: the model's lines' words), the found line it goes to when
+    the words are cut into runs as long as the lines hold (`linefit.runs`)."""
+    slope = skew_slope(detected)
+    heights = _type_heights(detected, slope)
+    room = [
+        (line.x1 - line.x0) * page_size[0] / (height * page_size[1])
+        for line, height in zip(detected, heights, strict=True)
+    ]
+    ends = [index == len(line) - 1 for line in tokens for index in range(len(line))]
+    units = [
+        _em_width(word) + (SPACE_EM if space else 0.0) for line in tokens for word, space in line
+    ]
+    cut = runs(units, ends, room)
+    return [index for index, run in enumerate(cut) for _ in run]
+
+
+def fitted_lines(
+    lines: Sequence[str], found: Sequence[FoundLine], page_size: tuple[float, float]
+) -> list[PlacedLine]:
+    """`lines` (a page's text in reading order) shared out over the lines `found` on its
+    image, each line's words filling it; none where no line was found. Where the found
+    lines were read, the words both share place the model's (`linefit.by_reading`);
+    otherwise runs as long as each line holds (`linefit.runs`): a line holds text in
+    proportion to its width over its type's height (its box's, less the page's skew)."""
+    detected = _detected_lines(found)
+    tokens = [_tokens(line) for line in lines]
+    # Each line's first word follows the line before it after a space.
+    words = [
+        (word, space or (index == 0)) for line in tokens for index, (word, space) in enumerate(line)
+    ]
+    if not detected or not words:
+        return []
+    read = any(line.text.strip() for line in found)
+    ends = [index == len(line) - 1 for line in tokens for index in range(len(line))]
+    line_of = (
+        by_reading([word for word, _ in words], [ln.text.split() for ln in detected], ends)
+        if read
+        else None
+    )
+    if line_of is None:
+        line_of = _by_length(tokens, detected, page_size)
+    blocks = []
+    for index, line in enumerate(detected):
+        run = [word for word, at in zip(words, line_of, strict=True) if at == index]
+        if run:
+            text = run[0][0] + "".join((" " if space else "") + word for word, space in run[1:])
+            box = Box.normalised(line.x0, line.y0, line.x1, line.y1)
+            blocks.append(Block("text", (box,), text))
+    return _line_placements(blocks)
+
+
+def has_positions(page: PageResult) -> bool:
+    """Whether any block of the page's text has a box of its own (images aside)."""
+    return any(block.boxes for block in page.blocks if block_lines(block))
+
+
+def wants_found_lines(page: PageResult) -> bool:
+    """Whether the page's layer is placed by the lines found on its image: a page with a
+    layer whose model gave no positions."""
+    return wants_layer(page) and page.text.blocks is None and not has_positions(page)
+
+
 def wants_layer(page: PageResult) -> bool:
     """Whether a page gets recognised text laid over it: not a page that has its own text
     layer, a blank page, or a page the engine failed on."""
@@ -268,12 +388,19 @@ def wants_layer(page: PageResult) -> bool:
     )
 
 
-def page_lines(page: PageResult) -> list[PlacedLine]:
-    """The lines of a page's text layer in reading order; none where it gets no layer."""
+def page_lines(page: PageResult, found: Sequence[FoundLine] = ()) -> list[PlacedLine]:
+    """The lines of a page's text layer in reading order; none where it gets no layer.
+    `found`: the text lines found on the page's image, for a model that gives no positions
+    (`wants_found_lines`)."""
     if not wants_layer(page):
         return []
     if page.text.blocks is not None:  # the engine found the lines itself (RapidOCR)
         return _line_placements(page.text.blocks)
+    if not has_positions(page):
+        lines = [line for block in page.blocks for line in block_lines(block)]
+        return fitted_lines(lines, found, page.page_size_pt) or lay_out_block(
+            lines, PAGE_REGION, page.page_size_pt
+        )
     return [
         placed for block in page.blocks for placed in block_placements(block, page.page_size_pt)
     ]

@@ -20,6 +20,7 @@ from pathlib import Path
 from ocrd.domain import InputFormat, TextLayer
 from ocrd.office.limits import DEFAULT_LIMITS, OfficeRefused
 from ocrd.office.read import OfficeRead, read_office
+from ocrd.output.linefind import LineFinder
 from ocrd.output.searchable import (
     PdfSettings,
     SearchablePdfError,
@@ -62,6 +63,8 @@ class _Worker:
         self.limits = limits
         self.buffer = buffer
         self.sources: OrderedDict[SourceKey, Source] = OrderedDict()
+        # Finds the lines of pages whose model gave no positions (its model loads on use).
+        self.line_finder = LineFinder()
 
     def source(self, key: SourceKey) -> Source:
         """The open source for `key`, opened now if this worker does not have it (it may
@@ -132,15 +135,19 @@ class _Worker:
         except OfficeRefused as error:
             raise RenderError(str(error), code=RenderFailure(error.code.value)) from None
 
-    @staticmethod
-    def searchable_pdf(request: WriteSearchablePdf) -> SearchablePdfResult:
+    def searchable_pdf(self, request: WriteSearchablePdf) -> SearchablePdfResult:
         try:
             return write_searchable_pdf(
                 request.files,
                 request.order,
                 request.pages,
                 request.target,
-                PdfSettings(request.archive, request.passwords, root=request.root),
+                PdfSettings(
+                    request.archive,
+                    request.passwords,
+                    root=request.root,
+                    line_finder=self.line_finder,
+                ),
             )
         except SearchablePdfError as error:
             findings = "; ".join(error.findings[:MAX_FINDINGS_SHOWN])
