@@ -1,0 +1,546 @@
+"""Hostile office documents and web pages against `ocrd run`, from outside: a member of the
+shared inbox's group (alice) drops them, an HTTP client with the token uploads them, and
+their author wrote them to make a reader fetch, expand or unpack what it should not
+(tests/hostile_office.py makes them). ocrd runs as its own user with the simulated engine.
+
+For every file: it ends exactly once, in done/ with its Markdown or in failed/ with a
+reason a person can read; no file outside it is opened (inotify on planted secrets, by
+any process); the web server it points at gets no request; the daemon's processes keep
+their memory bounded; and the daemon still converts a plain PDF, in this inbox and in
+another, afterwards.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import hostile_office as hostile
+import httpx
+import pytest
+import yaml
+from conftest import DaemonProcess, files_under
+from helpers import make_pdf
+from office_watch import CountingServer, MemoryWatch, OpenWatch
+from test_http import base_url
+from test_shared_folder import make_text_pdf
+from test_uploads import AUTH, TOKEN, WITH_TOKEN
+from users import SERVICE, give, service_runtime, shared_data, uid
+
+pytestmark = [pytest.mark.slow, pytest.mark.users]
+
+SETTLE = 0.5
+RESCAN = 2.0
+RENDER_TIMEOUT = 45.0  # pipeline.page_render_timeout_seconds: an office file gets twice it
+RENDER_WORKERS = 2
+MEMORY_LIMIT_MB = 3072  # pipeline.render_memory_limit_mb
+SECRET = f"OCRD-SECRET-{uuid.uuid4().hex}"
+KEY = {"X-Api-Key": TOKEN}
+
+
+def one_file_seconds() -> float:
+    """The longest one file may take by the settings: settling, a rescan, a worker's
+    opening and converting (each within the render timeout), with room for a loaded CI."""
+    return 3 * (SETTLE + RESCAN + 2 * RENDER_TIMEOUT) + 30
+
+
+def seconds_for(count: int) -> float:
+    return one_file_seconds() * (1 + count // RENDER_WORKERS)
+
+
+@dataclass
+class Office:
+    """The module's daemon and what the attacks watch."""
+
+    daemon: DaemonProcess
+    url: str
+    data: Path  # inbox/, outbox/, done/, failed/, work/
+    other: Path  # a second inbox's data folder
+    staging: Path  # where files are made before alice drops them
+    bait: hostile.Bait
+    opened: OpenWatch
+    server: CountingServer
+    memory: MemoryWatch
+
+
+def png_with(text: str) -> bytes:
+    """A 1x1 PNG carrying `text` in a tEXt chunk: a picture a reader would gladly embed."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body)
+        return len(body).to_bytes(4, "big") + kind + body + crc.to_bytes(4, "big")
+
+    header = (1).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    pixels = zlib.compress(b"\x00\xff\x00\x00")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"tEXt", b"Comment\x00" + text.encode())
+        + chunk(b"IDAT", pixels)
+        + chunk(b"IEND", b"")
+    )
+
+
+def plant_secrets(folders: list[Path]) -> list[Path]:
+    """secret.png in each folder, readable by ocrd's user."""
+    planted = []
+    for folder in folders:
+        path = folder / "secret.png"
+        path.write_bytes(png_with(SECRET))
+        os.chmod(path, 0o644)
+        planted.append(path)
+    return planted
+
+
+def config_for(root: Path, data: Path, other: Path) -> Path:
+    second = {name: str(other / name) for name in ("outbox", "done", "failed", "work")}
+    settings = {
+        "inboxes": [
+            {"path": str(data / "inbox"), "settle_seconds": SETTLE, "uploads": True},
+            {"path": str(other / "inbox"), "settle_seconds": SETTLE, **second},
+        ],
+        "engine": {"kind": "simulated", "simulated": {"seconds_per_page": 0.02}},
+        "pipeline": {
+            "rescan_interval_seconds": RESCAN,
+            "status_interval_seconds": 0.5,
+            "page_render_timeout_seconds": RENDER_TIMEOUT,
+            "render_workers": RENDER_WORKERS,
+            "render_memory_limit_mb": MEMORY_LIMIT_MB,
+        },
+        "http": {"listen": "127.0.0.1:0"},
+    }
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+@pytest.fixture(scope="module")
+def office() -> Iterator[Office]:
+    root = Path(tempfile.mkdtemp(prefix="ocrd-office-"))
+    outside = Path(tempfile.mkdtemp(prefix="ocrd-secret-"))
+    os.chmod(outside, 0o755)
+    server = CountingServer()
+    try:
+        with service_runtime() as runtime:
+            data = shared_data(root)
+            (root / "second").mkdir()
+            other = shared_data(root / "second")
+            staging = data / "inbox" / ".staging"  # hidden: never taken
+            staging.mkdir()
+            give(staging, "alice", 0o700)
+            secrets = plant_secrets([outside, root, data])
+            depth = "../" * 12
+            bait = hostile.Bait(
+                secret=SECRET,
+                secret_paths=tuple(secrets),
+                relative=(
+                    "../secret.png",
+                    "../../secret.png",
+                    "../../../secret.png",
+                    "../../../../secret.png",
+                    "../../../../../secret.png",
+                    f"{depth}{str(outside / 'secret.png').lstrip('/')}",
+                ),
+                url=server.url,
+            )
+            opened = OpenWatch(secrets)
+            daemon = DaemonProcess(
+                config_for(root, data, other), env=WITH_TOKEN, runtime=runtime, user=SERVICE
+            )
+            try:
+                url = base_url(daemon)
+                daemon.wait_for("daemon.ready", timeout=120)
+                memory = MemoryWatch(daemon.process.pid, kill_above=(MEMORY_LIMIT_MB + 1024) << 20)
+                yield Office(daemon, url, data, other, staging, bait, opened, server, memory)
+                assert daemon.stop() == 0, daemon.output()
+            finally:
+                daemon.kill()
+                opened.close()
+    finally:
+        server.close()
+        subprocess.run(["rm", "-rf", str(root), str(outside)], check=False)
+
+
+# ---- dropping files and reading what became of them -----------------------------------------
+
+
+def drop(office: Office, made: Path, folder: Path | None = None) -> str:
+    """`made` dropped by alice as a careful writer does: written under a hidden name, then
+    renamed into the inbox. Its name there is returned."""
+    inbox = folder or office.data / "inbox"
+    hidden = inbox / f".{made.name}.part"
+    shutil.move(made, hidden)
+    give(hidden, "alice", 0o664)
+    os.rename(hidden, inbox / made.name)
+    return made.name
+
+
+def made(office: Office, name: str) -> Path:
+    return office.staging / name
+
+
+@dataclass(frozen=True)
+class Ending:
+    name: str
+    outcome: str  # done or failed
+    reason: str  # failed: the report's message
+    markdown: str  # done: the Markdown
+
+
+def readable(reason: str) -> bool:
+    """A reason a person can act on: a sentence, no traceback, no control characters."""
+    return (
+        20 <= len(reason) <= 2000
+        and " " in reason
+        and "Traceback" not in reason
+        and not any(ord(c) < 32 and c not in "\n\t" for c in reason)
+    )
+
+
+def ending(office: Office, name: str, data: Path | None = None) -> Ending:
+    """Where `name` ended, checked to be exactly one place, whole, with a readable reason."""
+    data = data or office.data
+    stem = Path(name).stem
+    done, failed = data / "done" / name, data / "failed" / name
+    assert done.exists() != failed.exists(), (name, files_under(data))
+    assert not (data / "inbox" / name).exists(), f"{name} is still in the inbox"
+    left = [p for p in files_under(data / "work") if Path(p).name == name]
+    assert left == [], f"{name} is still in the work area: {left}"
+    if failed.exists():
+        report = json.loads((data / "failed" / f"{stem}.error.json").read_text())
+        assert readable(report["message"]), report
+        assert not (data / "outbox" / f"{stem}.md").exists()
+        return Ending(name, "failed", report["message"], "")
+    markdown = (data / "outbox" / f"{stem}.md").read_text()
+    return Ending(name, "done", "", markdown)
+
+
+def settle_all(office: Office, names: list[str], data: Path | None = None) -> dict[str, Ending]:
+    """Wait until each of `names` finished, then read where each ended."""
+    for name in names:
+        office.daemon.wait_for("document.finished", timeout=seconds_for(len(names)), path=name)
+    return {name: ending(office, name, data) for name in names}
+
+
+def nothing_outside_was_touched(office: Office) -> None:
+    """No secret file opened by anyone, no request to the server, the secret in no output,
+    report or log line."""
+    assert office.opened.read() == [], "a file outside the document was opened"
+    assert office.server.requests == [], office.server.requests
+    for folder in (office.data / "outbox", office.data / "done", office.data / "failed"):
+        for name in files_under(folder):
+            content = (folder / name).read_bytes()
+            assert not holds_secret(content), f"{folder / name} holds the secret"
+    assert not holds_secret("".join(office.daemon.raw).encode()), "the log holds the secret"
+
+
+def holds_secret(content: bytes) -> bool:
+    """The secret, as it is, or inside a base64 data: URL of the secret picture."""
+    if SECRET.encode() in content:
+        return True
+    picture = base64.b64encode(png_with(SECRET))
+    return picture[:40] in content
+
+
+def still_serving(office: Office) -> None:
+    """A plain PDF converts afterwards, here and in the other inbox."""
+    here = drop(office, make_pdf(made(office, f"after-{uuid.uuid4().hex[:8]}.pdf"), 1))
+    there = drop(
+        office,
+        make_pdf(made(office, f"other-{uuid.uuid4().hex[:8]}.pdf"), 1),
+        office.other / "inbox",
+    )
+    assert settle_all(office, [here])[here].outcome == "done"
+    assert settle_all(office, [there], office.other)[there].outcome == "done"
+    assert office.daemon.process.poll() is None
+
+
+def memory_was_bounded(office: Office) -> None:
+    limit = MEMORY_LIMIT_MB << 20
+    assert office.memory.killed == [], "a worker grew past the render memory limit + 1 GiB"
+    assert office.memory.child_peak < limit + (256 << 20), office.memory.peaks
+    assert office.memory.daemon_peak < 1 << 30, office.memory.peaks
+
+
+# ---- the attacks ----------------------------------------------------------------------------
+
+
+def test_zip_bombs_fail_with_a_reason_and_memory_stays_bounded(office: Office) -> None:
+    """Archives that unpack to gigabytes (sizes told honestly, or lied about), 100,000
+    entries, zips nested in zips: each fails naming why, or (the nested package docling
+    never opens) converts; no process of the daemon's grows past the render limit."""
+    names = [
+        hostile.docx_bomb(made(office, "bomb.docx")).name,
+        hostile.docx_bomb_lying(made(office, "bomb-lying.docx")).name,
+        hostile.xlsx_bomb(made(office, "bomb.xlsx")).name,
+        hostile.docx_many_entries(made(office, "many-entries.docx")).name,
+        hostile.docx_nested_zips(made(office, "nested.docx")).name,
+    ]
+    with office.memory.sampling():
+        for name in names:
+            drop(office, office.staging / name)
+        endings = settle_all(office, names)
+    for name in ("bomb.docx", "bomb-lying.docx", "bomb.xlsx", "many-entries.docx"):
+        assert endings[name].outcome == "failed", endings[name]
+    nested = endings["nested.docx"]
+    assert nested.outcome == "failed" or "nested zips" in nested.markdown, nested
+    memory_was_bounded(office)
+    nothing_outside_was_touched(office)
+    still_serving(office)
+
+
+def test_a_paragraph_flood_within_the_limits_ends_within_the_render_time(office: Office) -> None:
+    """A document.xml under every size limit but made of millions of empty paragraphs (a
+    random part keeps the archive's ratio in bounds): converted, or failed with a reason,
+    without a worker's memory past its limit and within the render time limit."""
+    path = made(office, "paragraphs.docx")
+    flood = hostile.Inflating(
+        hostile.document_xml("|").split(b"|")[0],
+        b"<w:p/>" * (1 << 16),
+        (90 * hostile.MIB) // (6 << 16),
+        hostile.document_xml("|").split(b"|")[1],
+    )
+    entries = hostile.replaced(hostile.docx_bytes("flood"), {"word/document.xml": flood})
+    padding = hostile.Entry("word/media/noise.bin", os.urandom(hostile.MIB))
+    hostile.write_zip(path, [*entries, padding])
+    with office.memory.sampling():
+        name = drop(office, path)
+        result = settle_all(office, [name])[name]
+    assert result.outcome in ("done", "failed"), result
+    memory_was_bounded(office)
+    still_serving(office)
+
+
+def test_xml_entities_and_doctypes_expand_and_fetch_nothing(office: Office) -> None:
+    """External entities (a secret file, the web server), an external DTD, parameter
+    entities and the billion laughs, in a Word document, a workbook's shared strings and a
+    slide: nothing outside is read or fetched, nothing expands."""
+    bait = office.bait
+    names = [
+        hostile.docx_entities(made(office, "entities.docx"), bait).name,
+        hostile.xlsx_entities(made(office, "entities.xlsx"), bait).name,
+        hostile.pptx_entities(made(office, "entities.pptx"), bait).name,
+    ]
+    for name in names:
+        drop(office, office.staging / name)
+    endings = settle_all(office, names)
+    for result in endings.values():
+        assert result.outcome == "failed" or "lollollol" not in result.markdown, result
+    nothing_outside_was_touched(office)
+
+
+def test_macros_and_external_relationships_load_nothing(office: Office) -> None:
+    """A macro-enabled document named .docx; linked pictures, a remote template, frames,
+    OLE objects and sub-documents pointing at secret files and the web server. Each is
+    refused by name or converted without what it points at; hyperlinks stay text."""
+    bait = office.bait
+    names = [
+        hostile.docm_named_docx(made(office, "macros.docx")).name,
+        hostile.docx_external(made(office, "external.docx"), bait).name,
+        hostile.pptx_external(made(office, "external.pptx"), bait).name,
+    ]
+    for name in names:
+        drop(office, office.staging / name)
+    endings = settle_all(office, names)
+    macros = endings["macros.docx"]
+    assert macros.outcome == "failed" or "macros" in macros.markdown.lower(), macros
+    nothing_outside_was_touched(office)
+    still_serving(office)
+
+
+def test_web_pages_and_markdown_fetch_nothing(office: Office) -> None:
+    """Pictures, style sheets, frames, objects, `<base href>` and refresh in HTML, and
+    picture and reference links in Markdown, at local files (absolute, file:, ../) and at
+    the web server: the text converts, nothing is fetched or read."""
+    bait = office.bait
+    page = made(office, "references.html")
+    page.write_text(hostile.html_references(bait))
+    notes = made(office, "references.md")
+    notes.write_text(hostile.markdown_references(bait))
+    names = [drop(office, page), drop(office, notes)]
+    endings = settle_all(office, names)
+    for result in endings.values():
+        assert result.outcome == "done", result
+        assert "Text before." in result.markdown and "Text after." in result.markdown
+    nothing_outside_was_touched(office)
+
+
+def test_huge_and_deep_markup_ends_without_blowing_memory(office: Office) -> None:
+    """A 64 MB data: picture in HTML and one just under the text limit, markup nested
+    100,000 deep in HTML and Markdown: each ends with its text or a reason."""
+    names = [
+        hostile.html_huge_data_uri(made(office, "huge-data.html")).name,
+        hostile.html_huge_data_uri(made(office, "data-15mb.html"), 15 * hostile.MIB).name,
+        hostile.html_deep(made(office, "deep.html")).name,
+        hostile.markdown_deep(made(office, "deep.md")).name,
+    ]
+    with office.memory.sampling():
+        for name in names:
+            drop(office, office.staging / name)
+        endings = settle_all(office, names)
+    assert endings["huge-data.html"].outcome == "failed"
+    data = endings["data-15mb.html"]
+    assert data.outcome == "failed" or "Text after the picture." in data.markdown, data
+    for name in ("deep.html", "deep.md"):
+        assert endings[name].outcome == "failed" or "Deep" in endings[name].markdown
+    memory_was_bounded(office)
+    still_serving(office)
+
+
+def test_tables_at_scale_end_within_the_limits(office: Office) -> None:
+    """A CSV of a million columns and one of a 1 GB line; a workbook of a million formula
+    cells, and one of two cells at opposite corners of the largest sheet (a reader walking
+    the grid between them walks 17 billion cells); 3,000 slides and 2,000 slides."""
+    names = [
+        hostile.csv_wide(made(office, "wide.csv")).name,
+        hostile.csv_long_line(made(office, "long-line.csv")).name,
+        hostile.xlsx_million_cells(made(office, "million-cells.xlsx")).name,
+        hostile.xlsx_corners(made(office, "corners.xlsx")).name,
+        hostile.pptx_many_slides(made(office, "slides-3000.pptx")).name,
+        hostile.pptx_many_slides(made(office, "slides-2000.pptx"), 2000).name,
+    ]
+    with office.memory.sampling():
+        for name in names:
+            drop(office, office.staging / name)
+        endings = settle_all(office, names)
+    for name in ("wide.csv", "long-line.csv", "million-cells.xlsx", "slides-3000.pptx"):
+        assert endings[name].outcome == "failed", endings[name]
+    corners = endings["corners.xlsx"]
+    assert corners.outcome == "failed" or (
+        "first" in corners.markdown and "last" in corners.markdown
+    )
+    slides = endings["slides-2000.pptx"]
+    assert slides.outcome == "failed" or slides.markdown.count("one of many") == 2000, slides
+    memory_was_bounded(office)
+    still_serving(office)
+
+
+def test_files_are_known_by_their_content_not_their_name(office: Office) -> None:
+    """A PDF named .docx converts as the PDF; a Word document named .pdf as the document;
+    a zip that is no office document, and text named .docx, fail saying what they are."""
+    pdf = make_text_pdf(made(office, "really-a-pdf.docx"), "Portable words")
+    word = hostile.write_docx(made(office, "really-a-docx.pdf"), "Wordy words")
+    plain_zip = hostile.zip_not_ooxml(made(office, "plain-zip.docx"))
+    text = made(office, "text.docx")
+    text.write_text("Dear reader, this is no document.\n")
+    names = [drop(office, p) for p in (pdf, word, plain_zip, text)]
+    endings = settle_all(office, names)
+    assert endings["really-a-docx.pdf"].outcome == "done"
+    assert "Wordy words" in endings["really-a-docx.pdf"].markdown
+    assert endings["really-a-pdf.docx"].outcome == "done"
+    for name in ("plain-zip.docx", "text.docx"):
+        assert endings[name].outcome == "failed", endings[name]
+
+
+def test_links_and_fifos_named_as_documents_are_left_alone(office: Office) -> None:
+    """alice puts a link named .docx to a secret file and a FIFO named .md in the inbox:
+    neither is followed, opened or blocks; a document dropped after them converts."""
+    inbox = office.data / "inbox"
+    link = inbox / "link.docx"
+    link.symlink_to(office.bait.secret_paths[0])
+    os.lchown(link, uid("alice"), -1)
+    fifo = inbox / "fifo.md"
+    os.mkfifo(fifo)
+    give(fifo, "alice", 0o664)
+    office.daemon.wait_for("file.skipped", timeout=seconds_for(1), path=str(link))
+    office.daemon.wait_for("file.skipped", timeout=seconds_for(1), path=str(fifo))
+    after = drop(office, hostile.write_docx(made(office, "after-links.docx"), "Still here"))
+    assert "Still here" in settle_all(office, [after])[after].markdown
+    assert link.is_symlink() and stat.S_ISFIFO(fifo.lstat().st_mode)
+    nothing_outside_was_touched(office)
+    link.unlink()
+    fifo.unlink()
+
+
+def test_a_document_still_being_written_is_taken_whole(office: Office) -> None:
+    """alice's program writes a Word document slowly, a part every fraction of the settle
+    time, for several settle times: it is taken once complete, never half."""
+    content = hostile.docx_bytes("Written slowly, taken whole")
+    target = office.data / "inbox" / "slow.docx"
+    pieces = 12
+    step = len(content) // pieces + 1
+    with target.open("wb") as out:
+        give(target, "alice", 0o664)
+        for start in range(0, len(content), step):
+            out.write(content[start : start + step])
+            out.flush()
+            time.sleep(SETTLE / 3)  # the writer's pace: always within the settle time
+    result = settle_all(office, ["slow.docx"])["slow.docx"]
+    assert result.outcome == "done", result
+    assert "Written slowly, taken whole" in result.markdown
+
+
+# ---- over HTTP ------------------------------------------------------------------------------
+
+
+def test_hostile_uploads_and_docling_tasks_fail_by_name_and_read_nothing(office: Office) -> None:
+    """The same attacks sent by a client with the token: uploaded (`/api/documents`),
+    converted synchronously (`/v1/convert/file`) and as base64 (`/v1/convert/source`).
+    A bomb is answered with a failure naming why; a page pointing at secrets converts
+    without them; no answer holds the secret."""
+    bait = office.bait
+    bomb = hostile.docx_bomb(made(office, "upload-bomb.docx"))
+    page = made(office, "upload-references.html")
+    page.write_text(hostile.html_references(bait))
+    entities = hostile.docx_entities(made(office, "upload-entities.docx"), bait)
+
+    sent = httpx.post(
+        f"{office.url}/api/documents",
+        headers=AUTH,
+        params={"filename": bomb.name},
+        content=bomb.read_bytes(),
+        timeout=120,
+    )
+    assert sent.status_code == 202, sent.text
+    upload = sent.json()["id"]
+
+    with page.open("rb") as handle:
+        answer = httpx.post(
+            f"{office.url}/v1/convert/file",
+            headers=KEY,
+            data={"to_formats": ["md", "json"]},
+            files={"files": (page.name, handle)},
+            timeout=seconds_for(1),
+        )
+    assert answer.status_code == 200, answer.text
+    document = answer.json()["document"]
+    assert "Text after." in document["md_content"]
+    assert not holds_secret(answer.content)
+
+    source = {
+        "kind": "file",
+        "filename": entities.name,
+        "base64_string": base64.b64encode(entities.read_bytes()).decode(),
+    }
+    answer = httpx.post(
+        f"{office.url}/v1/convert/source",
+        headers=KEY,
+        json={"sources": [source], "options": {"to_formats": ["md"]}},
+        timeout=seconds_for(1),
+    )
+    assert answer.status_code in (200, 422), answer.text
+    assert not holds_secret(answer.content)
+    if answer.json().get("status") == "failure" or answer.status_code == 422:
+        message = json.dumps(answer.json())
+        assert "entit" in message.lower() or "declar" in message.lower(), message
+
+    status = httpx.get(
+        f"{office.url}/api/documents/{upload}",
+        headers=AUTH,
+        params={"wait": min(300, seconds_for(1))},
+        timeout=seconds_for(1) + 30,
+    ).json()
+    assert status["state"] == "failed", status
+    assert readable(status["reason"]), status
+    nothing_outside_was_touched(office)
