@@ -593,3 +593,48 @@ def pptx_many_slides(path: Path, slides: int = 3000) -> Path:
         changes[f"ppt/slides/slide{n}.xml"] = slide  # type: ignore[assignment]
         changes[f"ppt/slides/_rels/slide{n}.xml.rels"] = slide_rels  # type: ignore[assignment]
     return write_zip(path, replaced(document, changes))
+
+
+def docx_entities_utf16(path: Path, bait: Bait) -> Path:
+    """The same entities, the part encoded as UTF-16 (as XML allows): a search for
+    `<!DOCTYPE` in its bytes finds nothing."""
+    head = '<?xml version="1.0" encoding="UTF-16" standalone="no"?>\n' + doctype("w:document", bait)
+    body = paragraph("&lol9;") + paragraph("&xxe;") + paragraph("&xxh;") + paragraph("Entities")
+    xml = document_xml(body).decode().split("\n", 1)[1]
+    part = (head + xml).encode("utf-16")
+    return write_zip(path, replaced(docx_bytes("x"), {"word/document.xml": part}))
+
+
+def png_bomb(width: int, height: int) -> bytes:
+    """A black RGB PNG of `width` x `height` pixels, a few hundred KB for 100 million."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    row = b"\0" * (1 + 3 * width)  # filter byte, then the pixels
+    rows = Inflating(b"", row, height, b"")
+    adler = 1
+    for piece in rows.pieces():
+        adler = zlib.adler32(piece, adler)
+    stream = b"\x78\xda" + rows.deflated() + struct.pack(">I", adler)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stream) + chunk(b"IEND", b"")
+    )
+
+
+def docx_picture_bomb(path: Path, pictures: int = 3, side: int = 9_000) -> Path:
+    """Pictures of `side` x `side` pixels (81 million each, under twice Pillow's default
+    bomb limit), a few hundred KB each: decoding them takes 240 MB apiece."""
+    document = docx.Document()
+    document.add_paragraph("Pictures ahead")
+    picture = png_bomb(side, side)
+    for _ in range(pictures):
+        document.add_picture(io.BytesIO(picture))
+    document.add_paragraph("Pictures behind")
+    buffer = io.BytesIO()
+    document.save(buffer)
+    path.write_bytes(buffer.getvalue())
+    return path

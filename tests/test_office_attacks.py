@@ -44,7 +44,10 @@ SETTLE = 0.5
 RESCAN = 2.0
 RENDER_TIMEOUT = 45.0  # pipeline.page_render_timeout_seconds: an office file gets twice it
 RENDER_WORKERS = 2
-MEMORY_LIMIT_MB = 3072  # pipeline.render_memory_limit_mb
+# A worker's resident memory may reach what a renderer may use (the default of
+# pipeline.render_memory_limit_mb, which this config leaves as it is); docling's import
+# alone takes about 0.8 GiB of it.
+MAX_WORKER_RSS = 4096 << 20
 SECRET = f"OCRD-SECRET-{uuid.uuid4().hex}"
 KEY = {"X-Api-Key": TOKEN}
 
@@ -116,7 +119,6 @@ def config_for(root: Path, data: Path, other: Path) -> Path:
             "status_interval_seconds": 0.5,
             "page_render_timeout_seconds": RENDER_TIMEOUT,
             "render_workers": RENDER_WORKERS,
-            "render_memory_limit_mb": MEMORY_LIMIT_MB,
         },
         "http": {"listen": "127.0.0.1:0"},
     }
@@ -161,7 +163,7 @@ def office() -> Iterator[Office]:
             try:
                 url = base_url(daemon)
                 daemon.wait_for("daemon.ready", timeout=120)
-                memory = MemoryWatch(daemon.process.pid, kill_above=(MEMORY_LIMIT_MB + 1024) << 20)
+                memory = MemoryWatch(daemon.process.pid, kill_above=MAX_WORKER_RSS + (2 << 30))
                 yield Office(daemon, url, data, other, staging, bait, opened, server, memory)
                 assert daemon.stop() == 0, daemon.output()
             finally:
@@ -267,9 +269,8 @@ def still_serving(office: Office) -> None:
 
 
 def memory_was_bounded(office: Office) -> None:
-    limit = MEMORY_LIMIT_MB << 20
-    assert office.memory.killed == [], "a worker grew past the render memory limit + 1 GiB"
-    assert office.memory.child_peak < limit + (256 << 20), office.memory.peaks
+    assert office.memory.killed == [], "a worker grew 2 GiB past its bound and was killed"
+    assert office.memory.child_peak < MAX_WORKER_RSS, office.memory.peaks
     assert office.memory.daemon_peak < 1 << 30, office.memory.peaks
 
 
@@ -281,9 +282,9 @@ def test_zip_bombs_fail_with_a_reason_and_memory_stays_bounded(office: Office) -
     entries, zips nested in zips: each fails naming why, or (the nested package docling
     never opens) converts; no process of the daemon's grows past the render limit."""
     names = [
-        hostile.docx_bomb(made(office, "bomb.docx")).name,
+        hostile.docx_bomb(made(office, "bomb-honest.docx")).name,
         hostile.docx_bomb_lying(made(office, "bomb-lying.docx")).name,
-        hostile.xlsx_bomb(made(office, "bomb.xlsx")).name,
+        hostile.xlsx_bomb(made(office, "bomb-strings.xlsx")).name,
         hostile.docx_many_entries(made(office, "many-entries.docx")).name,
         hostile.docx_nested_zips(made(office, "nested.docx")).name,
     ]
@@ -291,7 +292,7 @@ def test_zip_bombs_fail_with_a_reason_and_memory_stays_bounded(office: Office) -
         for name in names:
             drop(office, office.staging / name)
         endings = settle_all(office, names)
-    for name in ("bomb.docx", "bomb-lying.docx", "bomb.xlsx", "many-entries.docx"):
+    for name in ("bomb-honest.docx", "bomb-lying.docx", "bomb-strings.xlsx", "many-entries.docx"):
         assert endings[name].outcome == "failed", endings[name]
     nested = endings["nested.docx"]
     assert nested.outcome == "failed" or "nested zips" in nested.markdown, nested
@@ -300,37 +301,46 @@ def test_zip_bombs_fail_with_a_reason_and_memory_stays_bounded(office: Office) -
     still_serving(office)
 
 
-def test_a_paragraph_flood_within_the_limits_ends_within_the_render_time(office: Office) -> None:
-    """A document.xml under every size limit but made of millions of empty paragraphs (a
-    random part keeps the archive's ratio in bounds): converted, or failed with a reason,
-    without a worker's memory past its limit and within the render time limit."""
-    path = made(office, "paragraphs.docx")
-    flood = hostile.Inflating(
-        hostile.document_xml("|").split(b"|")[0],
-        b"<w:p/>" * (1 << 16),
-        (90 * hostile.MIB) // (6 << 16),
-        hostile.document_xml("|").split(b"|")[1],
-    )
+def paragraph_flood(path: Path) -> Path:
+    """A document.xml under every size limit made of millions of empty paragraphs, a
+    random part beside it keeping the archive's ratio in bounds."""
+    head, tail = hostile.document_xml("|").split(b"|")
+    paragraphs = b"<w:p/>" * (1 << 16)
+    flood = hostile.Inflating(head, paragraphs, (90 * hostile.MIB) // len(paragraphs), tail)
     entries = hostile.replaced(hostile.docx_bytes("flood"), {"word/document.xml": flood})
     padding = hostile.Entry("word/media/noise.bin", os.urandom(hostile.MIB))
-    hostile.write_zip(path, [*entries, padding])
+    return hostile.write_zip(path, [*entries, padding])
+
+
+def test_documents_within_the_limits_but_costly_to_read_end_in_bounds(office: Office) -> None:
+    """Millions of empty paragraphs; three pictures of 81 million pixels each: converted,
+    or failed with a reason, without a worker's memory past its bound and within the
+    render time limit."""
+    names = [
+        paragraph_flood(made(office, "paragraphs.docx")).name,
+        hostile.docx_picture_bomb(made(office, "pictures.docx")).name,
+    ]
     with office.memory.sampling():
-        name = drop(office, path)
-        result = settle_all(office, [name])[name]
-    assert result.outcome in ("done", "failed"), result
+        for name in names:
+            drop(office, office.staging / name)
+        endings = settle_all(office, names)
+    pictures = endings["pictures.docx"]
+    assert pictures.outcome == "failed" or "Pictures behind" in pictures.markdown, pictures
     memory_was_bounded(office)
     still_serving(office)
 
 
 def test_xml_entities_and_doctypes_expand_and_fetch_nothing(office: Office) -> None:
     """External entities (a secret file, the web server), an external DTD, parameter
-    entities and the billion laughs, in a Word document, a workbook's shared strings and a
-    slide: nothing outside is read or fetched, nothing expands."""
+    entities and the billion laughs, in a Word document (also encoded as UTF-16), a
+    workbook's shared strings and a slide: nothing outside is read or fetched, nothing
+    expands."""
     bait = office.bait
     names = [
-        hostile.docx_entities(made(office, "entities.docx"), bait).name,
-        hostile.xlsx_entities(made(office, "entities.xlsx"), bait).name,
-        hostile.pptx_entities(made(office, "entities.pptx"), bait).name,
+        hostile.docx_entities(made(office, "entities-word.docx"), bait).name,
+        hostile.xlsx_entities(made(office, "entities-sheet.xlsx"), bait).name,
+        hostile.pptx_entities(made(office, "entities-slide.pptx"), bait).name,
+        hostile.docx_entities_utf16(made(office, "entities-utf16.docx"), bait).name,
     ]
     for name in names:
         drop(office, office.staging / name)
@@ -347,8 +357,8 @@ def test_macros_and_external_relationships_load_nothing(office: Office) -> None:
     bait = office.bait
     names = [
         hostile.docm_named_docx(made(office, "macros.docx")).name,
-        hostile.docx_external(made(office, "external.docx"), bait).name,
-        hostile.pptx_external(made(office, "external.pptx"), bait).name,
+        hostile.docx_external(made(office, "external-word.docx"), bait).name,
+        hostile.pptx_external(made(office, "external-slide.pptx"), bait).name,
     ]
     for name in names:
         drop(office, office.staging / name)
@@ -364,15 +374,15 @@ def test_web_pages_and_markdown_fetch_nothing(office: Office) -> None:
     picture and reference links in Markdown, at local files (absolute, file:, ../) and at
     the web server: the text converts, nothing is fetched or read."""
     bait = office.bait
-    page = made(office, "references.html")
+    page = made(office, "references-page.html")
     page.write_text(hostile.html_references(bait))
-    notes = made(office, "references.md")
+    notes = made(office, "references-notes.md")
     notes.write_text(hostile.markdown_references(bait))
     names = [drop(office, page), drop(office, notes)]
     endings = settle_all(office, names)
     for result in endings.values():
         assert result.outcome == "done", result
-        assert "Text before." in result.markdown and "Text after." in result.markdown
+        assert "Text before." in result.markdown and "Text after." in result.markdown, result
     nothing_outside_was_touched(office)
 
 
@@ -382,18 +392,18 @@ def test_huge_and_deep_markup_ends_without_blowing_memory(office: Office) -> Non
     names = [
         hostile.html_huge_data_uri(made(office, "huge-data.html")).name,
         hostile.html_huge_data_uri(made(office, "data-15mb.html"), 15 * hostile.MIB).name,
-        hostile.html_deep(made(office, "deep.html")).name,
-        hostile.markdown_deep(made(office, "deep.md")).name,
+        hostile.html_deep(made(office, "deep-page.html")).name,
+        hostile.markdown_deep(made(office, "deep-notes.md")).name,
     ]
     with office.memory.sampling():
         for name in names:
             drop(office, office.staging / name)
         endings = settle_all(office, names)
-    assert endings["huge-data.html"].outcome == "failed"
+    assert endings["huge-data.html"].outcome == "failed", endings["huge-data.html"]
     data = endings["data-15mb.html"]
     assert data.outcome == "failed" or "Text after the picture." in data.markdown, data
-    for name in ("deep.html", "deep.md"):
-        assert endings[name].outcome == "failed" or "Deep" in endings[name].markdown
+    for name in ("deep-page.html", "deep-notes.md"):
+        assert endings[name].outcome == "failed" or "Deep" in endings[name].markdown, endings[name]
     memory_was_bounded(office)
     still_serving(office)
 
@@ -436,9 +446,9 @@ def test_files_are_known_by_their_content_not_their_name(office: Office) -> None
     text.write_text("Dear reader, this is no document.\n")
     names = [drop(office, p) for p in (pdf, word, plain_zip, text)]
     endings = settle_all(office, names)
-    assert endings["really-a-docx.pdf"].outcome == "done"
-    assert "Wordy words" in endings["really-a-docx.pdf"].markdown
-    assert endings["really-a-pdf.docx"].outcome == "done"
+    word_ended, pdf_ended = endings["really-a-docx.pdf"], endings["really-a-pdf.docx"]
+    assert word_ended.outcome == "done" and "Wordy words" in word_ended.markdown, word_ended
+    assert pdf_ended.outcome == "done", pdf_ended
     for name in ("plain-zip.docx", "text.docx"):
         assert endings[name].outcome == "failed", endings[name]
 
@@ -515,7 +525,7 @@ def test_hostile_uploads_and_docling_tasks_fail_by_name_and_read_nothing(office:
         )
     assert answer.status_code == 200, answer.text
     document = answer.json()["document"]
-    assert "Text after." in document["md_content"]
+    assert "Text after." in document.get("md_content", ""), answer.json()
     assert not holds_secret(answer.content)
 
     source = {
