@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from PIL import Image
 
@@ -41,6 +41,25 @@ class InputFormat(StrEnum):
     tiff = "tiff"
     png = "png"
     jpeg = "jpeg"
+    # Documents made by people, read by docling's rule-based backends (ocrd/office/).
+    docx = "docx"
+    pptx = "pptx"
+    xlsx = "xlsx"
+    html = "html"
+    md = "md"
+    csv = "csv"
+
+
+OFFICE_FORMATS = frozenset(
+    {
+        InputFormat.docx,
+        InputFormat.pptx,
+        InputFormat.xlsx,
+        InputFormat.html,
+        InputFormat.md,
+        InputFormat.csv,
+    }
+)
 
 
 class SeparatorKind(StrEnum):
@@ -288,6 +307,10 @@ class DocumentResult:
     pdfs: tuple[Path, ...] = ()  # each part's searchable PDF (made in the claim's scratch)
     part: int | None = None  # which part of `split` this is (0-based), for a part's result
     whole: tuple[PageResult, ...] = ()  # a part's: every page of the document it came from
+    # An office document's or web page's DoclingDocument (as JSON), its pictures' text
+    # put in their places: its outputs come from it; `pages` are then its pictures.
+    docling: dict[str, Any] | None = None
+    pdf_not_made: str | None = None  # why `outputs: [pdf]` gave no searchable PDF
 
     def parts(self) -> list[DocumentResult]:
         """The documents to write: each part of a split document without its separator
@@ -366,6 +389,7 @@ class DocumentSummary:
     original: str | None = None  # where the original went
     markdown: str | None = None  # the (first part's) Markdown
     pdf: str | None = None  # the (first part's) searchable PDF, where asked for
+    pdf_not_made: str | None = None  # asked for, and why there is none
     # A document split at separator sheets: each part's files and pages, and the sheets.
     parts: list[dict[str, object]] = field(default_factory=list)
     separators: list[dict[str, object]] = field(default_factory=list)
@@ -437,6 +461,8 @@ class DocumentSummary:
         }
         if self.pdf:
             done["pdf"] = self.pdf
+        if self.pdf_not_made:
+            done["pdf_not_made"] = self.pdf_not_made
         if self.parts:
             done["parts"] = self.parts
         if self.separators:

@@ -28,9 +28,11 @@ from ocrd.config import (
 )
 from ocrd.documents import failures
 from ocrd.documents.figures import cut_figures, say_figures_left_out
+from ocrd.documents.office import convert_office
 from ocrd.documents.schedule import PageBudget, Ticket
 from ocrd.documents.sources import Inputs, PageRef, SourceKind, Sources, page_order, read_inputs
 from ocrd.domain import (
+    OFFICE_FORMATS,
     DocumentResult,
     InputFormat,
     PageImage,
@@ -193,6 +195,11 @@ class Pipeline:
             raise failures.no_pages_in_folder()
         root = document.sources.root
         inputs = [SourceFile(path, fmt, settings.render, root) for path, fmt in files]
+        if inputs[0].format in OFFICE_FORMATS:  # one file: a folder's were left out
+            try:
+                return await convert_office(self, document, inputs[0])
+            except (BaseExceptionGroup, RenderError) as error:
+                raise failures.of(error) from None
         kind = document.sources.kind
         try:
             done_pages, refs = await self._pages(document, inputs, read.journal)

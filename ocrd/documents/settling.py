@@ -139,6 +139,7 @@ class Settling:
         markdowns = settlement.markdowns()
         pdfs = [OutputFiles(m).pdf for m in markdowns] if result.pdfs else []
         summary.pdf = str(pdfs[0]) if pdfs else None
+        summary.pdf_not_made = result.pdf_not_made
         if result.split is not None:  # where it was cut, and each part's files
             summary.separators = result.split.separator_fields()
             if len(markdowns) > 1:

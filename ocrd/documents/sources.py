@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ocrd.config import DEFAULT_TEMPORARY_SUFFIXES, DocumentOptions
 from ocrd.documents import failures
-from ocrd.domain import InputFormat, PageResult
+from ocrd.domain import OFFICE_FORMATS, InputFormat, PageResult
 from ocrd.files.dropped import UNLISTABLE, printable, regular_files
 from ocrd.output.page import PageJournal
 from ocrd.render import RenderError, RenderFailure, SourceFile, detect_format
@@ -144,7 +144,14 @@ def page_files(sources: Sources) -> tuple[list[tuple[Path, InputFormat]], list[s
     readable, skipped = [], list(sources.skipped)
     for path in sources.files:
         try:
-            readable.append((path, detect_format(path, sources.root)))
+            fmt = detect_format(path, sources.root)
+            if fmt in OFFICE_FORMATS and sources.kind is not SourceKind.file:
+                raise RenderError(
+                    f"a {fmt.value} document is converted on its own, never as pages of a "
+                    "scan job or duplex pair; drop it into the inbox by itself",
+                    code=RenderFailure.unsupported,
+                )
+            readable.append((path, fmt))
         except RenderError as error:
             if sources.kind is not SourceKind.folder:
                 raise

@@ -267,6 +267,26 @@ def _write_docling(
         replace_file(files.chunks, chunk_lines(doc, printable(source)))
 
 
+def _office_outputs(
+    result: DocumentResult, settings: DocumentOptions, files: OutputFiles, source: str
+) -> str:
+    """An office document's or web page's `<name>.docling.json` and `<name>.chunks.jsonl`
+    as the inbox asks, from docling's own DoclingDocument; and its Markdown, as docling
+    exports it (each picture's text below its place)."""
+    from docling_core.types.doc.document import DoclingDocument
+
+    from ocrd.output.chunks import chunk_lines
+
+    doc = DoclingDocument.model_validate(result.docling)
+    doc.name = PurePath(source).stem
+    doc.origin = None  # docling saw the bytes under a made-up name, not the file's
+    if OutputKind.docling in settings.outputs:
+        replace_file(files.docling, json_bytes(doc.export_to_dict()) + b"\n")
+    if OutputKind.chunks in settings.outputs:
+        replace_file(files.chunks, chunk_lines(doc, printable(source)))
+    return doc.export_to_markdown(traverse_pictures=True).strip() + "\n"
+
+
 def write_parts(
     result: DocumentResult, settings: DocumentOptions, markdown: Path, source: str
 ) -> list[Path]:
@@ -296,6 +316,10 @@ def write_document(
         replace_file(files.layout, json_bytes(layout, indent=1) + b"\n")
     if settings.keep_raw:
         replace_file(files.raw, raw_lines(result))
+    if result.docling is not None:
+        text = _office_outputs(result, settings, files, source)
+        write_new_file(markdown, text.encode("utf-8"))
+        return files
     if {OutputKind.docling, OutputKind.chunks} & set(settings.outputs):
         _write_docling(result, settings, files, source)
     if result.pdfs:  # made durable by the render worker: given its name in the outbox

@@ -1,11 +1,16 @@
-"""What an input is, by its first bytes, never by its name."""
+"""What an input is: by its first bytes, never by its name; for an office document or web
+page by its content too (`ocrd/office/detect.py`), and only Markdown and CSV, which no
+content tells apart from other text, by their name's extension."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 from ocrd.domain import InputFormat
 from ocrd.files.dropped import NotRegularFile, opened
+from ocrd.office.detect import office_format
+from ocrd.office.limits import OfficeRefused
 from ocrd.render.errors import RenderError, RenderFailure
 
 _SIGNATURES: tuple[tuple[bytes, InputFormat], ...] = (
@@ -31,8 +36,21 @@ def detect_format(path: Path, root: Path | None = None) -> InputFormat:
     try:
         with opened(path, root) as handle:
             head = handle.read(1024)
+            found = _by_head(head) or _office(handle, head, path.name)
     except NotRegularFile as error:
         raise not_a_file(error) from None
+    if found is not None:
+        return found
+    raise RenderError(
+        f"not a PDF, TIFF, PNG or JPEG file, nor a Word (.docx), PowerPoint (.pptx) or "
+        f"Excel (.xlsx) document, a web page or UTF-8 Markdown (.md) or CSV (.csv) text (it "
+        f"starts with {head[:8]!r}); ocrd recognises inputs by their content, and only "
+        "Markdown and CSV by their name",
+        code=RenderFailure.unsupported,
+    )
+
+
+def _by_head(head: bytes) -> InputFormat | None:
     if not head:
         raise RenderError("the file is empty (0 bytes)", code=RenderFailure.empty)
     for signature, fmt in _SIGNATURES:
@@ -40,8 +58,11 @@ def detect_format(path: Path, root: Path | None = None) -> InputFormat:
             return fmt
     if b"%PDF-" in head:  # the PDF header may follow a few bytes of junk
         return InputFormat.pdf
-    raise RenderError(
-        f"not a PDF, TIFF, PNG or JPEG file (it starts with {head[:8]!r}); "
-        "ocrd recognises inputs by their content, not by their name",
-        code=RenderFailure.unsupported,
-    )
+    return None
+
+
+def _office(handle: BinaryIO, head: bytes, name: str) -> InputFormat | None:
+    try:
+        return office_format(handle, head, name)
+    except OfficeRefused as error:
+        raise RenderError(str(error), code=RenderFailure(error.code.value)) from None

@@ -19,6 +19,7 @@ class RenderFailure(StrEnum):
     crashed = "crashed"
     out_of_memory = "out_of_memory"
     unreadable = "unreadable"
+    hostile = "hostile"  # an office document's macros, XML entities or outside links
     error = "error"
 
 

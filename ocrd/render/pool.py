@@ -31,16 +31,19 @@ from PIL import Image
 from ocrd.config import RenderSettings
 from ocrd.domain import Figure, InputFormat, PageImage, TextLayer
 from ocrd.handoff import WaitingLine
+from ocrd.office.read import OfficeRead
 from ocrd.output.searchable import SearchablePdfResult
 from ocrd.render.errors import RenderError, RenderFailure
 from ocrd.render.pixels import HANDED_OVER_BYTES
 from ocrd.render.protocol import (
     CutFigures,
     FiguresCut,
+    OfficeConverted,
     Open,
     Opened,
     PdfWritten,
     Ping,
+    ReadOffice,
     ReadTextLayer,
     Region,
     RenderedPage,
@@ -409,6 +412,14 @@ class RenderPool:
         async with self._worker(None) as worker:
             reply = await worker.request(request, PdfWritten, "the searchable PDF", seconds)
             return reply.result
+
+    async def office(self, source: SourceFile) -> OfficeRead:
+        """An office document or web page checked and converted by a worker (any), within
+        a page's time limit (twice, with the opening: docling's first import is slow)."""
+        request = ReadOffice(source.key)
+        async with self._worker(None) as worker:
+            reply = await worker.request(request, OfficeConverted, "converting the document")
+            return reply.read
 
     def shutdown(self) -> None:
         for worker in self._workers:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ocrd.config import PipelineConfig, RenderSettings
 from ocrd.domain import Figure, InputFormat, PageResult, SeparatorMark, TextLayer
+from ocrd.office.read import OfficeRead
 from ocrd.output.searchable import SearchablePdfResult
 from ocrd.render.errors import RenderFailure
 from ocrd.render.separators import SeparatorRules
@@ -101,7 +102,14 @@ class WriteSearchablePdf:
     root: Path | None = None  # no link is followed below this folder (a claim's)
 
 
-Request = Ping | Open | RenderPage | ReadTextLayer | CutFigures | WriteSearchablePdf
+@dataclass(frozen=True)
+class ReadOffice:
+    """An office document or web page, checked and converted by docling (`ocrd/office/`)."""
+
+    source: SourceKey
+
+
+Request = Ping | Open | RenderPage | ReadTextLayer | CutFigures | WriteSearchablePdf | ReadOffice
 
 
 def page_of(request: Request) -> int | None:
@@ -161,4 +169,18 @@ class PdfWritten:
     result: SearchablePdfResult
 
 
-Reply = WorkerReady | Opened | RenderedPage | TextLayerRead | FiguresCut | PdfWritten | RenderFailed
+@dataclass(frozen=True)
+class OfficeConverted:
+    read: OfficeRead
+
+
+Reply = (
+    WorkerReady
+    | Opened
+    | RenderedPage
+    | TextLayerRead
+    | FiguresCut
+    | PdfWritten
+    | OfficeConverted
+    | RenderFailed
+)

@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocrd.domain import InputFormat, TextLayer
+from ocrd.office.limits import DEFAULT_LIMITS, OfficeRefused
+from ocrd.office.read import OfficeRead, read_office
 from ocrd.output.searchable import (
     PdfSettings,
     SearchablePdfError,
@@ -30,10 +32,12 @@ from ocrd.render.pdf import PdfSource
 from ocrd.render.protocol import (
     CutFigures,
     FiguresCut,
+    OfficeConverted,
     Open,
     Opened,
     PdfWritten,
     Ping,
+    ReadOffice,
     ReadTextLayer,
     RenderedPage,
     RenderFailed,
@@ -92,6 +96,8 @@ class _Worker:
                 return FiguresCut(self.source(key).figures(page, boxes, dpi, folder, request.names))
             case WriteSearchablePdf():
                 return PdfWritten(self.searchable_pdf(request))
+            case ReadOffice(source=key):
+                return OfficeConverted(self.office(key))
         raise TypeError(f"not a render request: {request!r}")
 
     def write_page_file(self, page: RenderedPage, path: Path) -> RenderedPage:
@@ -114,6 +120,17 @@ class _Worker:
             path.unlink(missing_ok=True)
             return page
         return replace(page, payload=None, file=path)
+
+    def office(self, key: SourceKey) -> OfficeRead:
+        """An office document or web page, checked and converted (never opened as a source
+        kept open: it is read once)."""
+        root = Path(key.root) if key.root is not None else None
+        try:
+            return read_office(
+                Path(key.path), key.format, root, DEFAULT_LIMITS, self.limits.max_page_pixels
+            )
+        except OfficeRefused as error:
+            raise RenderError(str(error), code=RenderFailure(error.code.value)) from None
 
     @staticmethod
     def searchable_pdf(request: WriteSearchablePdf) -> SearchablePdfResult:

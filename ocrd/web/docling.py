@@ -63,6 +63,11 @@ PRESIGNED = (  # docling-serve's words, on which its clients fall back to an ans
 )
 MAX_FILENAME_CHARS = 1000  # the name a task's answer gives its document
 IMAGE_SUFFIXES = (".tif", ".tiff", ".png", ".jpg", ".jpeg")
+OFFICE_KINDS = {
+    **{kind: kind for kind in ("docx", "pptx", "xlsx", "html", "md", "csv")},
+    "htm": "html",
+    "markdown": "md",
+}
 
 
 def detail(status: int, message: str) -> web.Response:
@@ -89,10 +94,20 @@ def _target_kind(target: object) -> object:
     return target.get("kind")
 
 
+def input_kind(filename: str) -> str:
+    """docling's name for the kind of file a name says (for `from_formats`; what the file
+    is, the daemon tells by its content)."""
+    name = filename.lower()
+    suffix = name[name.rfind(".") + 1 :] if "." in name else ""
+    if name.endswith(IMAGE_SUFFIXES):
+        return "image"
+    return OFFICE_KINDS.get(suffix, "pdf")
+
+
 def task_options(options: DoclingOptions, filename: str) -> TaskOptions:
     """The record of a task with these options; UploadRefused where from_formats excludes
     the file."""
-    kind = "image" if filename.lower().endswith(IMAGE_SUFFIXES) else "pdf"
+    kind = input_kind(filename)
     if not options.takes(kind):
         raise UploadRefused(422, f"from_formats excludes {filename!r} (a {kind})")
     record = TaskOptions(

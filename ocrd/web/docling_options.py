@@ -57,7 +57,11 @@ ALSO_DEFAULT: dict[str, tuple[Any, ...]] = {
     "ocr_lang": ([],),
 }
 NO_EFFECT = ("abort_on_error", "md_compact_tables")
-INPUT_FORMATS = {"pdf": "pdf", "image": "image"}
+INPUT_FORMATS = {
+    "pdf": "pdf",
+    "image": "image",
+    **{kind: kind for kind in ("docx", "pptx", "xlsx", "html", "md", "csv")},  # docling's
+}
 MAX_PLACEHOLDER_CHARS = 1000  # a page separator, written between every two pages
 
 
@@ -105,7 +109,8 @@ class DoclingOptions(BaseModel):
         if self.from_formats is not None and not set(self.from_formats) & set(INPUT_FORMATS):
             raise OptionRefused(
                 "from_formats",
-                "ocrd reads PDFs and images only ('pdf', 'image'); none of them is allowed here",
+                f"ocrd reads {', '.join(map(repr, INPUT_FORMATS))} only; none of them is "
+                "allowed here",
             )
         for name, value in (self.model_extra or {}).items():
             _check_default(name, value)

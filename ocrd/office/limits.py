@@ -1,0 +1,48 @@
+"""The bounds an office document or web page must keep, and the refusal that names the one
+it broke."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Refusal(StrEnum):
+    """Why a file is refused (the render failure code it becomes)."""
+
+    unsupported = "unsupported"
+    damaged = "damaged"
+    too_large = "too_large"
+    hostile = "hostile"  # macros, XML entities, external references
+
+
+class OfficeRefused(Exception):
+    """A file ocrd will not convert, with a reason for people."""
+
+    def __init__(self, message: str, code: Refusal = Refusal.unsupported) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class OfficeLimits:
+    """What a document may hold before it is refused. Zip sizes are the central
+    directory's, and Python's zip reader never inflates an entry past its declared size."""
+
+    max_file_bytes: int = 100 * 1024 * 1024
+    max_text_bytes: int = 20 * 1024 * 1024  # an HTML, Markdown or CSV file
+    max_zip_entries: int = 5_000
+    max_unzipped_bytes: int = 500 * 1024 * 1024
+    max_zip_ratio: int = 200  # uncompressed / compressed, over the whole archive
+    ratio_from_bytes: int = 10 * 1024 * 1024  # a small archive may compress as well as it likes
+    max_part_bytes: int = 100 * 1024 * 1024  # one XML part
+    max_cells: int = 200_000  # a workbook's or CSV file's cells
+    max_pictures: int = 50  # pictures read by the engine; the rest are kept unread
+    max_picture_side: int = 2048  # a larger picture is scaled down before the engine
+
+    @property
+    def max_unzipped_mb(self) -> int:
+        return self.max_unzipped_bytes // (1024 * 1024)
+
+
+DEFAULT_LIMITS = OfficeLimits()

@@ -1,0 +1,171 @@
+"""The conversion, in a render worker: the file's bytes checked (`inspect.py`), then
+docling's rule-based backend for its format makes a DoclingDocument. Its pictures' pixels
+are taken out (scaled to at most `max_picture_side`) for the engine, which the daemon
+asks; the document goes back as JSON without them.
+
+docling reads the bytes from memory, never the file's path (so nothing beside it can be
+resolved), with every fetch switched off: HTML and Markdown image sources, remote or
+local, are never loaded (their pictures stay placeholders); charts are not rendered
+(that would start LibreOffice).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
+
+from ocrd.domain import InputFormat
+from ocrd.files.dropped import opened
+from ocrd.office.inspect import check_document
+from ocrd.office.limits import OfficeLimits, OfficeRefused, Refusal
+
+if TYPE_CHECKING:  # docling is imported in the worker only, where a document needs it
+    from docling.backend.abstract_backend import DeclarativeDocumentBackend
+    from docling.datamodel.base_models import InputFormat as Docling
+    from docling_core.types.doc.document import DoclingDocument
+
+
+@dataclass(frozen=True)
+class OfficePicture:
+    """A picture of the document, for the engine: its place, and its pixels (RGB)."""
+
+    ref: str  # the picture's `self_ref` in the DoclingDocument
+    width: int
+    height: int
+    pixels: bytes
+
+
+@dataclass(frozen=True)
+class OfficeRead:
+    """What the worker made of the file."""
+
+    docling: dict[str, Any]  # the DoclingDocument, pictures without their images
+    pictures: tuple[OfficePicture, ...]
+    unread_pictures: int  # beyond `max_pictures`, or with no pixels docling could decode
+
+
+def read_bytes(path: Path, root: Path | None, limits: OfficeLimits) -> bytes:
+    """The file, opened as a regular file only (no link followed), within the size limit."""
+    with opened(path, root) as handle:
+        data = handle.read(limits.max_file_bytes + 1)
+    if len(data) > limits.max_file_bytes:
+        raise OfficeRefused(
+            f"the file is larger than the {limits.max_file_bytes // (1024 * 1024)} MB ocrd "
+            "converts",
+            Refusal.too_large,
+        )
+    return data
+
+
+def without_torch() -> None:
+    """Mark torch absent in this worker (where nothing has imported it): docling's model
+    code would import it where installed (next to vLLM), which the worker's address-space
+    limit cannot map and a rule-based backend never uses; absent, docling takes its paths
+    without it."""
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # not its "no PyTorch" notice
+
+
+def backend_for(fmt: InputFormat) -> tuple[Docling, type[DeclarativeDocumentBackend], Any]:
+    """docling's format, rule-based backend and its options (every fetch off) for `fmt`."""
+    from docling.backend.csv_backend import CsvDocumentBackend
+    from docling.backend.html_backend import HTMLDocumentBackend
+    from docling.backend.md_backend import MarkdownDocumentBackend
+    from docling.backend.msexcel_backend import MsExcelDocumentBackend
+    from docling.backend.mspowerpoint_backend import MsPowerpointDocumentBackend
+    from docling.backend.msword_backend import MsWordDocumentBackend
+    from docling.datamodel.backend_options import (
+        HTMLBackendOptions,
+        MarkdownBackendOptions,
+        MsWordBackendOptions,
+    )
+    from docling.datamodel.base_models import InputFormat as Docling
+
+    off: dict[str, Any] = {"enable_local_fetch": False, "enable_remote_fetch": False}
+    found: dict[InputFormat, tuple[Docling, type[DeclarativeDocumentBackend], Any]] = {
+        InputFormat.docx: (
+            Docling.DOCX,
+            MsWordDocumentBackend,
+            MsWordBackendOptions(render_chart_images=False, **off),
+        ),
+        InputFormat.pptx: (Docling.PPTX, MsPowerpointDocumentBackend, None),
+        InputFormat.xlsx: (Docling.XLSX, MsExcelDocumentBackend, None),
+        InputFormat.html: (
+            Docling.HTML,
+            HTMLDocumentBackend,
+            HTMLBackendOptions(fetch_images=False, **off),
+        ),
+        InputFormat.md: (
+            Docling.MD,
+            MarkdownDocumentBackend,
+            MarkdownBackendOptions(fetch_images=False, **off),
+        ),
+        InputFormat.csv: (Docling.CSV, CsvDocumentBackend, None),
+    }
+    return found[fmt]
+
+
+def convert(data: bytes, fmt: InputFormat) -> DoclingDocument:
+    """docling's DoclingDocument of the bytes, by its rule-based backend for the format (what
+    docling's DocumentConverter runs for these formats, without its model pipelines);
+    OfficeRefused where docling cannot read them."""
+    without_torch()
+    from docling.backend.abstract_backend import DeclarativeDocumentBackend
+    from docling.datamodel.document import InputDocument
+
+    kind, backend, options = backend_for(fmt)
+    try:
+        source = InputDocument(
+            io.BytesIO(data), kind, backend, options, filename=f"document.{fmt.value}"
+        )
+        made = source._backend
+        if not source.valid or not made.is_valid():
+            raise ValueError(source._rejection.message if source._rejection else "not valid")
+        assert isinstance(made, DeclarativeDocumentBackend)
+        return made.convert()
+    except MemoryError:
+        raise
+    except Exception as error:  # docling's own errors, and its parsers'
+        raise OfficeRefused(
+            f"docling could not read it as a {fmt.value} file: {type(error).__name__}: {error}",
+            Refusal.damaged,
+        ) from None
+
+
+def take_pictures(doc: DoclingDocument, limits: OfficeLimits) -> tuple[list[OfficePicture], int]:
+    """Each picture's pixels (up to `max_pictures`), taken out of the document."""
+    taken: list[OfficePicture] = []
+    unread = 0
+    for picture in doc.pictures:
+        image = None
+        if picture.image is not None and len(taken) < limits.max_pictures:
+            try:
+                image = picture.image.pil_image
+            except Exception:  # an image docling kept but PIL cannot decode
+                image = None
+        picture.image = None  # the outputs name no file: the picture's text stands for it
+        if image is None:
+            unread += 1
+            continue
+        rgb = image.convert("RGB")
+        rgb.thumbnail((limits.max_picture_side, limits.max_picture_side))
+        taken.append(OfficePicture(picture.self_ref, rgb.width, rgb.height, rgb.tobytes()))
+    return taken, unread
+
+
+def read_office(
+    path: Path, fmt: InputFormat, root: Path | None, limits: OfficeLimits, max_pixels: int
+) -> OfficeRead:
+    """The file checked and converted; OfficeRefused with the reason where it must not be."""
+    data = read_bytes(path, root, limits)
+    check_document(data, fmt, limits)
+    Image.MAX_IMAGE_PIXELS = max_pixels  # this worker's own limit, as for image pages
+    doc = convert(data, fmt)
+    pictures, unread = take_pictures(doc, limits)
+    return OfficeRead(doc.export_to_dict(), tuple(pictures), unread)

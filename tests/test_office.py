@@ -1,0 +1,231 @@
+"""Office documents and web pages (Word, PowerPoint, Excel, HTML, Markdown, CSV) as people
+drop them: written by python-docx, python-pptx and openpyxl, dropped into an inbox, uploaded
+over HTTP and sent to the docling API of one `ocrd run` (simulated engine); they come out as
+a PDF does (Markdown, a DoclingDocument docling-core loads, chunks), a picture's text read
+by the engine in its place. Hostile ones (macros, XML entities, linked files, a zip bomb, a
+million cells) go to failed/ with the reason, and nothing outside the file is ever read:
+a secret file beside the inbox shows up in no output, no log line and no answer."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import files_under
+from docling.service_client import DoclingServiceClient
+from docling_core.types.doc.document import DoclingDocument
+from docling_core.types.doc.items.picture.picture import PictureItem
+from docling_core.types.doc.items.text import TextItem
+from office_files import (
+    PICTURE_SIZE,
+    SECRET_IMAGE_SIZE,
+    csv_file,
+    huge_csv,
+    markdown_file,
+    picture_png,
+    slides_file,
+    spreadsheet_file,
+    web_page,
+    with_entity,
+    with_linked_picture,
+    with_macros,
+    word_file,
+    zip_bomb,
+)
+from test_uploads import AUTH, TOKEN, follow, upload, uploading_daemon
+
+from ocrd.domain import InputFormat
+from ocrd.office.inspect import check_document
+from ocrd.office.limits import OfficeLimits, OfficeRefused
+from ocrd.render import RenderError, detect_format
+
+PICTURE_TEXT = f"Image {PICTURE_SIZE[0]}x{PICTURE_SIZE[1]} px"  # the simulated engine's
+SECRET_SEEN = f"Image {SECRET_IMAGE_SIZE[0]}x{SECRET_IMAGE_SIZE[1]} px"
+OUTPUTS = ["markdown", "docling", "chunks", "pdf"]
+
+
+def picture_texts(doc: DoclingDocument) -> list[str]:
+    """The text items under each picture: what the engine read in it."""
+    found = []
+    for picture in doc.pictures:
+        assert isinstance(picture, PictureItem)
+        for child in picture.children:
+            item = child.resolve(doc)
+            if isinstance(item, TextItem):
+                found.append(item.text)
+    return found
+
+
+def test_formats_are_told_by_content_and_only_markdown_and_csv_by_name(tmp_path: Path) -> None:
+    word = word_file(tmp_path / "report.docx", picture=False)
+    named_pdf = tmp_path / "report.pdf"
+    shutil.copy(word, named_pdf)
+    assert detect_format(named_pdf) is InputFormat.docx  # its content, not its name
+    assert detect_format(slides_file(tmp_path / "s.pptx")) is InputFormat.pptx
+    assert detect_format(spreadsheet_file(tmp_path / "x.xlsx")) is InputFormat.xlsx
+    page = tmp_path / "page.txt"
+    page.write_text("<!-- saved -->\n<html><body><p>hi</p></body></html>")
+    assert detect_format(page) is InputFormat.html
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Notes\n")
+    assert detect_format(notes) is InputFormat.md
+    assert detect_format(csv_file(tmp_path / "c.csv")) is InputFormat.csv
+
+    same_text = tmp_path / "notes.txt"
+    same_text.write_text("# Notes\n")
+    with pytest.raises(RenderError, match="only Markdown and CSV by their name"):
+        detect_format(same_text)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("name\nJos\xe9\n".encode("latin-1"))
+    with pytest.raises(RenderError, match=r"must be UTF-8 text, and byte 8 is not UTF-8"):
+        detect_format(latin)
+    plain_zip = tmp_path / "photos.zip"
+    with zipfile.ZipFile(plain_zip, "w") as archive:
+        archive.writestr("a.txt", "hello")
+    with pytest.raises(RenderError, match="not a PDF, TIFF, PNG or JPEG file"):
+        detect_format(plain_zip)
+
+
+def test_archive_and_cell_limits_refuse_before_anything_is_parsed(tmp_path: Path) -> None:
+    """Entries are counted from the zip's end record, before Python's reader lists them;
+    a workbook's cells against the limit before docling opens it."""
+    many = tmp_path / "many.docx"
+    with zipfile.ZipFile(many, "w") as archive:
+        for number in range(5_001):
+            archive.writestr(f"e{number}", b"")
+    with pytest.raises(RenderError, match="more than the 5000 entries ocrd opens") as refused:
+        detect_format(many)
+    assert refused.value.code.value == "too_large"
+
+    sheet = spreadsheet_file(tmp_path / "x.xlsx").read_bytes()
+    check_document(sheet, InputFormat.xlsx, OfficeLimits(max_cells=6))  # it has six
+    with pytest.raises(OfficeRefused, match="too many cells: about 6 in the workbook"):
+        check_document(sheet, InputFormat.xlsx, OfficeLimits(max_cells=5))
+
+
+def secret_files(folder: Path) -> tuple[str, Path, Path]:
+    """A secret text and an image only a link could reach: (the text, its file, the image)."""
+    token = f"SECRET-{secrets.token_hex(8)}"
+    text = folder / "secret.txt"
+    text.write_text(token + "\n")
+    image = folder / "secret.png"
+    image.write_bytes(picture_png(SECRET_IMAGE_SIZE, token))
+    return token, text, image
+
+
+def made_files(folder: Path, secret: Path, secret_image: Path) -> tuple[list[Path], list[Path]]:
+    """(documents to convert, hostile documents), written into `folder`."""
+    folder.mkdir()
+    word = word_file(folder / "report.docx")
+    good = [
+        word,
+        slides_file(folder / "slides.pptx"),
+        spreadsheet_file(folder / "sheet.xlsx"),
+        web_page(folder / "team.html", secret_image),
+        markdown_file(folder / "notes.md", secret_image),
+        csv_file(folder / "cities.csv"),
+    ]
+    hostile = [
+        with_macros(word, folder / "macros.docm"),
+        with_entity(word, folder / "entities.docx", secret),
+        with_linked_picture(word, folder / "linked.docx", secret_image),
+        zip_bomb(word, folder / "bomb.docx"),
+        huge_csv(folder / "huge.csv", 1_000_000),
+    ]
+    return good, hostile
+
+
+def test_office_files_dropped_uploaded_and_sent_come_out_as_a_pdf_does(
+    tmp_path: Path, start_daemon: Any
+) -> None:
+    token, secret, secret_image = secret_files(tmp_path)
+    good, hostile = made_files(tmp_path / "made", secret, secret_image)
+    daemon, url = uploading_daemon(tmp_path, start_daemon, {"outputs": OUTPUTS})
+    data = tmp_path / "data"
+    for path in good + hostile:
+        shutil.copy(path, data / "inbox" / path.name)
+    sent = upload(url, good[2], name="uploaded.xlsx")
+    assert sent.status_code == 202, sent.text
+    with DoclingServiceClient(url=url, api_key=TOKEN, job_timeout=300) as client:
+        converted = client.convert(good[0])
+    uploaded = follow(sent.json()["status_url"], 300)[-1]
+    daemon.wait_for("document.finished", timeout=300, count=len(good + hostile) + 2)
+
+    # The Word file: its text, and its picture's text read by the engine in its place.
+    outbox = data / "outbox"
+    report = (outbox / "report.md").read_text()
+    places = [
+        report.index(text)
+        for text in ("Quarterly report", "Revenue grew", "<!-- image -->", PICTURE_TEXT)
+    ]
+    assert places == sorted(places) and report.index("Closing words") > places[-1]
+    doc = DoclingDocument.load_from_json(outbox / "report.docling.json")
+    assert [PICTURE_TEXT in text for text in picture_texts(doc)].count(True) == 1
+    assert doc.name == "report"
+    chunks = [
+        json.loads(line)
+        for line in (outbox / "report.chunks.jsonl").read_text().split("\n")
+        if line
+    ]
+    assert any("Revenue grew" in chunk["text"] for chunk in chunks)
+    assert (data / "done" / "report.docx").exists()
+    [finished] = daemon.find("document.finished", path="report.docx")
+    assert finished["outcome"] == "done" and finished["pages"] == 1
+    assert finished["pdf_not_made"].startswith("no searchable PDF for a docx document")
+    assert not (outbox / "report.pdf").exists()
+
+    # The others: their text, tables as tables; each a DoclingDocument docling-core loads.
+    expected = {
+        "slides": ["Roadmap slide", "Ship the office inputs"],
+        "sheet": ["| quince", "17"],
+        "team": ["# Team page", "Welcome to the team.", "| Ada"],
+        "notes": ["# Notes", "milk"],
+        "cities": ["| Lisbon", "545000"],
+    }
+    for name, texts in expected.items():
+        markdown = (outbox / f"{name}.md").read_text()
+        assert all(text in markdown for text in texts), (name, markdown)
+        DoclingDocument.load_from_json(outbox / f"{name}.docling.json")
+        assert (outbox / f"{name}.chunks.jsonl").read_text().strip()
+
+    # The same files by HTTP upload and through docling's own client.
+    assert uploaded["state"] == "done", uploaded
+    markdown = httpx.get(uploaded["links"]["markdown"], headers=AUTH, timeout=30).text
+    assert "| quince" in markdown
+    assert converted.status.value == "success"
+    assert isinstance(converted.document, DoclingDocument)
+    assert any(PICTURE_TEXT in text for text in picture_texts(converted.document))
+    assert "Revenue grew" in converted.document.export_to_markdown()
+
+    # Hostile files: refused with the reason, the file kept in failed/.
+    failed = data / "failed"
+    reasons = {
+        path.name.removesuffix(".error.json"): json.loads(path.read_text())["message"]
+        for path in failed.glob("*.error.json")
+    }
+    assert "contains macros" in reasons["macros"]
+    assert "declares a document type or entities" in reasons["entities"]
+    assert "links content from outside the file (image" in reasons["linked"]
+    assert "a zip bomb" in reasons["bomb"]
+    assert "too many cells" in reasons["huge"]
+    assert sorted(path.name for path in hostile) == sorted(
+        name for name in files_under(failed) if not name.endswith(".error.json")
+    )
+
+    # Nothing outside the documents was read: the secret is in no file ocrd wrote, no
+    # log line, no answer; no picture the engine saw was the secret image.
+    assert daemon.stop() == 0
+    written = [path for path in data.rglob("*") if path.is_file()]
+    for path in written:
+        content = path.read_bytes()
+        assert token.encode() not in content, path
+        assert SECRET_SEEN.encode() not in content, path
+    assert token not in "".join(daemon.raw)
+    assert SECRET_SEEN not in "".join(daemon.raw)
+    assert token not in converted.document.export_to_markdown()
