@@ -50,6 +50,10 @@ class OpenWatch:
                 offset += _EVENT.size + length
                 self.opened.append(self._paths[wd])
 
+    def clear(self) -> None:
+        self.read()
+        self.opened.clear()
+
     def close(self) -> None:
         os.close(self._fd)
 
@@ -80,6 +84,9 @@ class CountingServer:
     @property
     def requests(self) -> list[str]:
         return list(self._server.requests)  # type: ignore[attr-defined]
+
+    def clear(self) -> None:
+        self._server.requests.clear()  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self._server.shutdown()

@@ -1,7 +1,7 @@
 """Hostile office documents and web pages against `ocrd run`, from outside: a member of the
 shared inbox's group (alice) drops them, an HTTP client with the token uploads them, and
 their author wrote them to make a reader fetch, expand or unpack what it should not
-(tests/hostile_office.py makes them). ocrd runs as its own user with the simulated engine.
+(tests/hostile_office.py makes them). ocrd runs with the simulated engine.
 
 For every file: it ends exactly once, in done/ with its Markdown or in failed/ with a
 reason a person can read; no file outside it is opened (inotify on planted secrets, by
@@ -36,7 +36,7 @@ from office_watch import CountingServer, MemoryWatch, OpenWatch
 from test_http import base_url
 from test_shared_folder import make_text_pdf
 from test_uploads import AUTH, TOKEN, WITH_TOKEN
-from users import SERVICE, give, service_runtime, shared_data, uid
+from users import ensure_users, give, shared_data, uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.users]
 
@@ -127,49 +127,56 @@ def config_for(root: Path, data: Path, other: Path) -> Path:
     return path
 
 
+def the_watches_see(opened: OpenWatch, server: CountingServer, secrets: list[Path]) -> None:
+    """The instruments work: an open of each secret file, and a request, are seen."""
+    for path in secrets:
+        path.read_bytes()
+    assert sorted(set(opened.read())) == sorted(secrets)
+    assert httpx.get(f"{server.url}/probe", timeout=10).status_code == 200
+    assert server.requests == ["GET /probe"]
+    opened.clear()
+    server.clear()
+
+
+def bait_for(outside: Path, secrets: list[Path], url: str) -> hostile.Bait:
+    """The secrets named every way a document can: absolute, file:, and `../` paths from
+    any depth (a path climbing past / stays at /)."""
+    depth = "../" * 12
+    relative = tuple("../" * level + "secret.png" for level in range(1, 6))
+    beyond = f"{depth}{str(outside / 'secret.png').lstrip('/')}"
+    return hostile.Bait(SECRET, tuple(secrets), (*relative, beyond), url)
+
+
 @pytest.fixture(scope="module")
 def office() -> Iterator[Office]:
+    """The daemon, as root with this venv's interpreter: root may read every file, so a
+    read ocrd's own user would be refused is seen too. (As ocrd's user it would run
+    Debian's python3, which may be older than this venv's packages allow: soupsieve 4.1.3,
+    under docling's HTML reader, needs Python 3.11.5.)"""
+    ensure_users()
     root = Path(tempfile.mkdtemp(prefix="ocrd-office-"))
     outside = Path(tempfile.mkdtemp(prefix="ocrd-secret-"))
     os.chmod(outside, 0o755)
     server = CountingServer()
+    data = shared_data(root)
+    (root / "second").mkdir()
+    other = shared_data(root / "second")
+    staging = data / "inbox" / ".staging"  # hidden: never taken
+    staging.mkdir()
+    secrets = plant_secrets([outside, root, data])
+    opened = OpenWatch(secrets)
+    the_watches_see(opened, server, secrets)
+    daemon = DaemonProcess(config_for(root, data, other), env=WITH_TOKEN)
     try:
-        with service_runtime() as runtime:
-            data = shared_data(root)
-            (root / "second").mkdir()
-            other = shared_data(root / "second")
-            staging = data / "inbox" / ".staging"  # hidden: never taken
-            staging.mkdir()
-            give(staging, "alice", 0o700)
-            secrets = plant_secrets([outside, root, data])
-            depth = "../" * 12
-            bait = hostile.Bait(
-                secret=SECRET,
-                secret_paths=tuple(secrets),
-                relative=(
-                    "../secret.png",
-                    "../../secret.png",
-                    "../../../secret.png",
-                    "../../../../secret.png",
-                    "../../../../../secret.png",
-                    f"{depth}{str(outside / 'secret.png').lstrip('/')}",
-                ),
-                url=server.url,
-            )
-            opened = OpenWatch(secrets)
-            daemon = DaemonProcess(
-                config_for(root, data, other), env=WITH_TOKEN, runtime=runtime, user=SERVICE
-            )
-            try:
-                url = base_url(daemon)
-                daemon.wait_for("daemon.ready", timeout=120)
-                memory = MemoryWatch(daemon.process.pid, kill_above=MAX_WORKER_RSS + (2 << 30))
-                yield Office(daemon, url, data, other, staging, bait, opened, server, memory)
-                assert daemon.stop() == 0, daemon.output()
-            finally:
-                daemon.kill()
-                opened.close()
+        url = base_url(daemon)
+        daemon.wait_for("daemon.ready", timeout=120)
+        memory = MemoryWatch(daemon.process.pid, kill_above=MAX_WORKER_RSS + (2 << 30))
+        bait = bait_for(outside, secrets, server.url)
+        yield Office(daemon, url, data, other, staging, bait, opened, server, memory)
+        assert daemon.stop() == 0, daemon.output()
     finally:
+        daemon.kill()
+        opened.close()
         server.close()
         subprocess.run(["rm", "-rf", str(root), str(outside)], check=False)
 
