@@ -638,3 +638,21 @@ def docx_picture_bomb(path: Path, pictures: int = 3, side: int = 9_000) -> Path:
     document.save(buffer)
     path.write_bytes(buffer.getvalue())
     return path
+
+
+def docx_text_flood(path: Path, size: int = 90 * MIB) -> Path:
+    """`size` bytes of plain text in 10 KB paragraphs, under every limit: the archive's
+    ratio kept in bounds by a random part, document.xml under the part limit."""
+    words = ("lorem ipsum dolor sit amet " * 380)[:10_000]
+    paragraphs = (paragraph(words) * 100).encode()
+    head, tail = document_xml("|").split(b"|")
+    flood = Inflating(head, paragraphs, size // len(paragraphs), tail)
+    entries = replaced(docx_bytes("flood"), {"word/document.xml": flood})
+    padding = Entry("word/media/noise.bin", random_bytes(MIB))
+    return write_zip(path, [*entries, padding])
+
+
+def random_bytes(size: int) -> bytes:
+    import os
+
+    return os.urandom(size)
