@@ -118,6 +118,19 @@ def with_entity(word: Path, target: Path, secret: Path) -> Path:
     return rewritten(word, target, {"word/document.xml": body})
 
 
+def with_template_link(word: Path, target: Path) -> Path:
+    """The template Word made it from, named as Word names it: an external relationship
+    no reader loads."""
+    settings = (
+        b'<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n<Relationships xmlns='
+        b'"http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" '
+        b'Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/'
+        b'attachedTemplate" Target="file:///C:\\Users\\ada\\Normal.dotm" TargetMode="External"/>'
+        b"</Relationships>"
+    )
+    return rewritten(word, target, {"word/_rels/settings.xml.rels": settings})
+
+
 def with_linked_picture(word: Path, target: Path, secret_image: Path) -> Path:
     """A relationship that links a picture from the disk instead of embedding it."""
     rels = part(word, "word/_rels/document.xml.rels")

@@ -8,6 +8,7 @@ a secret file beside the inbox shows up in no output, no log line and no answer.
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openpyxl
 import pytest
 from conftest import files_under
 from docling.service_client import DoclingServiceClient
@@ -35,11 +37,13 @@ from office_files import (
     with_entity,
     with_linked_picture,
     with_macros,
+    with_template_link,
     word_file,
     zip_bomb,
 )
 from test_uploads import AUTH, TOKEN, follow, upload, uploading_daemon
 
+from ocrd.documents.sources import Sources, page_files
 from ocrd.domain import InputFormat
 from ocrd.office.inspect import check_document
 from ocrd.office.limits import OfficeLimits, OfficeRefused
@@ -103,10 +107,23 @@ def test_archive_and_cell_limits_refuse_before_anything_is_parsed(tmp_path: Path
         detect_format(many)
     assert refused.value.code.value == "too_large"
 
+    word = word_file(tmp_path / "w.docx", picture=False)
+    template = with_template_link(word, tmp_path / "template.docx")
+    check_document(template.read_bytes(), InputFormat.docx, OfficeLimits())  # never loaded
+    linked = with_linked_picture(word, tmp_path / "linked.docx", tmp_path / "secret.png")
+    with pytest.raises(OfficeRefused, match="links content from outside the file"):
+        check_document(linked.read_bytes(), InputFormat.docx, OfficeLimits())
+
     sheet = spreadsheet_file(tmp_path / "x.xlsx").read_bytes()
     check_document(sheet, InputFormat.xlsx, OfficeLimits(max_cells=6))  # it has six
     with pytest.raises(OfficeRefused, match="too many cells: about 6 in the workbook"):
         check_document(sheet, InputFormat.xlsx, OfficeLimits(max_cells=5))
+    book = openpyxl.load_workbook(io.BytesIO(sheet))
+    book.active["XFD1048576"] = "far away"  # two cells, a grid of 17 billion
+    far = tmp_path / "far.xlsx"
+    book.save(far)
+    with pytest.raises(OfficeRefused, match="reaches row 1048576 and column 16384"):
+        check_document(far.read_bytes(), InputFormat.xlsx, OfficeLimits())
 
 
 def secret_files(folder: Path) -> tuple[str, Path, Path]:
@@ -229,3 +246,16 @@ def test_office_files_dropped_uploaded_and_sent_come_out_as_a_pdf_does(
     assert token not in "".join(daemon.raw)
     assert SECRET_SEEN not in "".join(daemon.raw)
     assert token not in converted.document.export_to_markdown()
+
+
+def test_an_office_file_in_a_scan_job_is_left_out_with_the_reason(tmp_path: Path) -> None:
+    job = tmp_path / "scan-0001"
+    job.mkdir()
+    (job / "p1.png").write_bytes(picture_png())
+    word_file(job / "p2.docx", picture=False)
+    files, skipped = page_files(Sources.of(job))
+    assert [(path.name, fmt) for path, fmt in files] == [("p1.png", InputFormat.png)]
+    assert skipped == [
+        "p2.docx: a docx document is converted on its own, never as pages of a scan job or "
+        "duplex pair; drop it into the inbox by itself"
+    ]

@@ -155,7 +155,9 @@ async def convert_office(
         picture.ref: page_markdown(page.blocks, settings.tables)
         for picture, page in zip(read.pictures, pages, strict=True)
     }
-    docling = await asyncio.to_thread(with_picture_text, read.docling, texts)
+    docling = read.docling
+    if texts:
+        docling = await asyncio.to_thread(with_picture_text, read.docling, texts)
     result = DocumentResult(source.format, pages, time.monotonic() - started, docling=docling)
     if OutputKind.pdf in settings.outputs:
         result.pdf_not_made = PDF_NOT_MADE.format(format=source.format.value)

@@ -17,7 +17,7 @@ from ocrd.documents import failures
 from ocrd.documents.figures import cut_figures
 from ocrd.documents.pipeline import searchable_pdfs, split_document
 from ocrd.documents.sources import PageRef, SourceKind
-from ocrd.domain import DocumentFailed, DocumentResult
+from ocrd.domain import OFFICE_FORMATS, DocumentFailed, DocumentResult, Stage
 from ocrd.output.page import RawPage, text_from_record
 from ocrd.output.write import markdown_target, write_parts
 from ocrd.render import RenderError, RenderLimits, RenderPool, SourceFile, detect_format
@@ -50,6 +50,14 @@ async def rerender(
     try:
         with tempfile.TemporaryDirectory(prefix="ocrd-rerender-") as scratch:
             source = SourceFile(document, detect_format(document), settings.render)
+            if source.format in OFFICE_FORMATS:
+                raise DocumentFailed(
+                    Stage.detect,
+                    f"{document.name} is a {source.format.value} document, not pages: ocrd "
+                    "rerender has nothing to render it from; convert it again instead",
+                    error_type="NotPages",
+                    code="unsupported",
+                )
             count = await pool.open(source)
             missing = sorted(set(range(1, count + 1)) - texts.keys())
             if missing:

@@ -16,7 +16,7 @@ from typing import BinaryIO
 from xml.etree import ElementTree
 
 from ocrd.domain import InputFormat
-from ocrd.office.limits import DEFAULT_LIMITS, OfficeLimits, OfficeRefused, Refusal
+from ocrd.office.limits import DEFAULT_LIMITS, OfficeLimits, OfficeRefusal, OfficeRefused
 
 ZIP_SIGNATURE = b"PK\x03\x04"
 CONTENT_TYPES = "[Content_Types].xml"
@@ -54,7 +54,7 @@ def macros_refused(what: str) -> OfficeRefused:
     return OfficeRefused(
         f"it contains macros ({what}); ocrd converts no document that carries code: save "
         "it without macros (.docx, .pptx, .xlsx) and drop that",
-        Refusal.hostile,
+        OfficeRefusal.hostile,
     )
 
 
@@ -81,7 +81,7 @@ def too_large_text(what: str, limits: OfficeLimits) -> OfficeRefused:
     return OfficeRefused(
         f"the {what} is larger than the {limits.max_text_bytes // (1024 * 1024)} MB "
         "ocrd converts; split it into smaller files",
-        Refusal.too_large,
+        OfficeRefusal.too_large,
     )
 
 
@@ -97,11 +97,12 @@ def check_utf8_text(handle: BinaryIO, fmt: InputFormat, limits: OfficeLimits) ->
         raise OfficeRefused(
             f"a .{fmt.value} file must be UTF-8 text, and byte {error.start} is not "
             "UTF-8; save it as UTF-8 and drop it again",
-            Refusal.unsupported,
+            OfficeRefusal.unsupported,
         ) from None
     if b"\x00" in data:
         raise OfficeRefused(
-            f"a .{fmt.value} file must be text, and this one holds NUL bytes", Refusal.unsupported
+            f"a .{fmt.value} file must be text, and this one holds NUL bytes",
+            OfficeRefusal.unsupported,
         )
 
 
@@ -141,13 +142,13 @@ def check_archive(infos: list[zipfile.ZipInfo], packed: int, limits: OfficeLimit
         raise OfficeRefused(
             f"it unpacks to {unzipped // (1024 * 1024)} MB, more than the "
             f"{limits.max_unzipped_mb} MB ocrd unpacks (a zip bomb, or a document too large)",
-            Refusal.too_large,
+            OfficeRefusal.too_large,
         )
     if unzipped > limits.ratio_from_bytes and unzipped > limits.max_zip_ratio * max(packed, 1):
         raise OfficeRefused(
             f"it unpacks to {unzipped // max(packed, 1)} times its size (at most "
             f"{limits.max_zip_ratio} allowed): a zip bomb",
-            Refusal.hostile,
+            OfficeRefusal.hostile,
         )
 
 
@@ -163,19 +164,19 @@ def list_zip(handle: BinaryIO, limits: OfficeLimits) -> zipfile.ZipFile:
             raise OfficeRefused(
                 f"the zip lists {entries} entries in {directory_bytes} bytes, more than the "
                 f"{limits.max_zip_entries} entries ocrd opens (a zip bomb)",
-                Refusal.too_large,
+                OfficeRefusal.too_large,
             )
     handle.seek(0)
     try:
         archive = zipfile.ZipFile(handle)
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as error:
-        raise OfficeRefused(f"a damaged zip file: {error}", Refusal.damaged) from None
+        raise OfficeRefused(f"a damaged zip file: {error}", OfficeRefusal.damaged) from None
     infos = archive.infolist()
     if len(infos) > limits.max_zip_entries:
         raise OfficeRefused(
             f"the zip holds {len(infos)} entries, more than the {limits.max_zip_entries} "
             "ocrd opens (a zip bomb)",
-            Refusal.too_large,
+            OfficeRefusal.too_large,
         )
     check_archive(infos, _size(handle), limits)
     return archive
@@ -187,14 +188,14 @@ def read_part(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> by
         raise OfficeRefused(
             f"its part {info.filename} unpacks to {info.file_size} bytes, more than the "
             f"{limit} ocrd reads",
-            Refusal.too_large,
+            OfficeRefusal.too_large,
         )
     try:
         with archive.open(info) as part:
             return part.read(limit + 1)[:limit]
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as error:
         raise OfficeRefused(
-            f"its part {info.filename} is damaged: {error}", Refusal.damaged
+            f"its part {info.filename} is damaged: {error}", OfficeRefusal.damaged
         ) from None
 
 
@@ -204,7 +205,7 @@ def refuse_declarations(data: bytes, part: str) -> None:
         raise OfficeRefused(
             f"its XML part {part} declares a document type or entities (<!DOCTYPE/<!ENTITY), "
             "which no Office document needs: refused, nothing in it resolved",
-            Refusal.hostile,
+            OfficeRefusal.hostile,
         )
 
 
@@ -215,7 +216,9 @@ def content_types(archive: zipfile.ZipFile) -> dict[str, str]:
     try:
         root = ElementTree.fromstring(data)
     except ElementTree.ParseError as error:
-        raise OfficeRefused(f"its {CONTENT_TYPES} is damaged: {error}", Refusal.damaged) from None
+        raise OfficeRefused(
+            f"its {CONTENT_TYPES} is damaged: {error}", OfficeRefusal.damaged
+        ) from None
     types = {}
     for element in root:
         kind = element.get("ContentType", "").lower()

@@ -14,11 +14,17 @@ from xml.etree import ElementTree
 
 from ocrd.domain import InputFormat
 from ocrd.office.detect import list_zip, read_part, refuse_declarations, zip_format
-from ocrd.office.limits import OfficeLimits, OfficeRefused, Refusal
+from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 
 XML_SUFFIXES = (".xml", ".rels", ".vml")
-HYPERLINK = "/hyperlink"  # an external relationship only a reader's click follows
+# External relationships no reader loads: a hyperlink (followed by a reader's click) and
+# the template Word was made from (Word's own `C:\\...\\Normal.dotm` in many a file).
+NEVER_LOADED = ("/hyperlink", "/attachedTemplate")
 _CELL = re.compile(rb"<(?:\w+:)?c[\s>/]")
+_CELL_REFERENCE = re.compile(rb'<(?:\w+:)?c\s[^>]*?\br="([A-Z]{1,3})([0-9]{1,7})"')
+_MERGED_END = re.compile(
+    rb'<(?:\w+:)?mergeCell\s[^>]*?\bref="[A-Z$0-9]*:\$?([A-Z]{1,3})\$?([0-9]{1,7})"'
+)
 _HTML_CELL = re.compile(rb"<t[dh][\s>/]", re.IGNORECASE)
 _SHOWN = 80
 
@@ -38,7 +44,7 @@ def check_cells(cells: int, what: str, limits: OfficeLimits) -> None:
         raise OfficeRefused(
             f"too many cells: about {cells} in the {what}, more than the {limits.max_cells} "
             "ocrd converts; split it, or export the part you need",
-            Refusal.too_large,
+            OfficeRefusal.too_large,
         )
 
 
@@ -52,7 +58,9 @@ def check_ooxml(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
     """The archive's sizes, its type, and each XML part: no declarations, no external
     relationship that loads content, no more cells than the limit."""
     if zip_format(io.BytesIO(data), limits) is not fmt:
-        raise OfficeRefused("it is no longer the document it was detected as", Refusal.damaged)
+        raise OfficeRefused(
+            "it is no longer the document it was detected as", OfficeRefusal.damaged
+        )
     cells = 0
     with list_zip(io.BytesIO(data), limits) as archive:
         for info in archive.infolist():
@@ -65,25 +73,50 @@ def check_ooxml(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
             if fmt is InputFormat.xlsx and info.filename.startswith("xl/worksheets/"):
                 cells += len(_CELL.findall(part))
                 check_cells(cells, "workbook's sheets", limits)
+                check_grid(part, info.filename, limits)
+
+
+def column_number(letters: bytes) -> int:
+    number = 0
+    for letter in letters:
+        number = number * 26 + letter - ord("A") + 1
+    return number
+
+
+def check_grid(sheet: bytes, part: str, limits: OfficeLimits) -> None:
+    """A sheet's cells and merged ranges must not reach further than `max_sheet_grid`
+    cells from its corner (one cell at XFD1048576 makes a reader walk 17 billion)."""
+    rows, columns = 0, 0
+    for pattern in (_CELL_REFERENCE, _MERGED_END):
+        for letters, digits in pattern.findall(sheet):
+            rows, columns = max(rows, int(digits)), max(columns, column_number(letters))
+    if rows * columns > limits.max_sheet_grid:
+        raise OfficeRefused(
+            f"its sheet {part} reaches row {rows} and column {columns}, a grid of "
+            f"{rows * columns} cells, more than the {limits.max_sheet_grid} ocrd converts: "
+            "too many cells",
+            OfficeRefusal.too_large,
+        )
 
 
 def refuse_external(data: bytes, part: str) -> None:
     """A relationship whose target is outside the file (a linked picture, template, frame,
     OLE object or sub-document) is refused: ocrd reads nothing but the file. Hyperlinks
-    are kept: they are addresses a reader may click, never loaded."""
+    and the template's name are kept: no reader loads them (python-docx and python-pptx
+    never open an external target)."""
     try:
         root = ElementTree.fromstring(data)
     except ElementTree.ParseError as error:
-        raise OfficeRefused(f"its part {part} is damaged: {error}", Refusal.damaged) from None
+        raise OfficeRefused(f"its part {part} is damaged: {error}", OfficeRefusal.damaged) from None
     for relationship in root:
         if relationship.get("TargetMode", "").lower() != "external":
             continue
         kind = relationship.get("Type", "")
-        if kind.endswith(HYPERLINK):
+        if kind.endswith(NEVER_LOADED):
             continue
         target = relationship.get("Target", "")[:_SHOWN]
         raise OfficeRefused(
             f"its part {part} links content from outside the file ({kind.rsplit('/', 1)[-1]}: "
             f"{target!r}); ocrd reads nothing outside the document: embed it instead",
-            Refusal.hostile,
+            OfficeRefusal.hostile,
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
-class Refusal(StrEnum):
+class OfficeRefusal(StrEnum):
     """Why a file is refused (the render failure code it becomes)."""
 
     unsupported = "unsupported"
@@ -19,7 +19,7 @@ class Refusal(StrEnum):
 class OfficeRefused(Exception):
     """A file ocrd will not convert, with a reason for people."""
 
-    def __init__(self, message: str, code: Refusal = Refusal.unsupported) -> None:
+    def __init__(self, message: str, code: OfficeRefusal = OfficeRefusal.unsupported) -> None:
         super().__init__(message)
         self.code = code
 
@@ -36,9 +36,17 @@ class OfficeLimits:
     max_zip_ratio: int = 200  # uncompressed / compressed, over the whole archive
     ratio_from_bytes: int = 10 * 1024 * 1024  # a small archive may compress as well as it likes
     max_part_bytes: int = 100 * 1024 * 1024  # one XML part
-    max_cells: int = 200_000  # a workbook's or CSV file's cells
+    # a workbook's, CSV file's or web page's cells: its DoclingDocument (about 500 bytes of
+    # JSON a cell) is held by the daemon while its outputs are written
+    max_cells: int = 50_000
+    # rows x columns a sheet's cells and merged ranges reach: a few cells far apart make a
+    # grid a spreadsheet reader would walk whole
+    max_sheet_grid: int = 5_000_000
     max_pictures: int = 50  # pictures read by the engine; the rest are kept unread
     max_picture_side: int = 2048  # a larger picture is scaled down before the engine
+    # the pictures' pixels all together (RGB, 3 bytes a pixel), held by the daemon until the
+    # engine has read them: the pictures past it are kept unread
+    max_picture_pixels: int = 40_000_000
 
     @property
     def max_unzipped_mb(self) -> int:

@@ -11,8 +11,8 @@ local, are never loaded (their pictures stay placeholders); charts are not rende
 
 from __future__ import annotations
 
+import importlib
 import io
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ from PIL import Image
 from ocrd.domain import InputFormat
 from ocrd.files.dropped import opened
 from ocrd.office.inspect import check_document
-from ocrd.office.limits import OfficeLimits, OfficeRefused, Refusal
+from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 
 if TYPE_CHECKING:  # docling is imported in the worker only, where a document needs it
     from docling.backend.abstract_backend import DeclarativeDocumentBackend
@@ -58,64 +58,64 @@ def read_bytes(path: Path, root: Path | None, limits: OfficeLimits) -> bytes:
         raise OfficeRefused(
             f"the file is larger than the {limits.max_file_bytes // (1024 * 1024)} MB ocrd "
             "converts",
-            Refusal.too_large,
+            OfficeRefusal.too_large,
         )
     return data
 
 
-def without_torch() -> None:
-    """Mark torch absent in this worker (where nothing has imported it): docling's model
-    code would import it where installed (next to vLLM), which the worker's address-space
-    limit cannot map and a rule-based backend never uses; absent, docling takes its paths
-    without it."""
-    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # not its "no PyTorch" notice
+def without_model_libraries() -> None:
+    """Mark torch and transformers absent in this worker (where nothing imported them):
+    docling's model code imports them where installed (next to vLLM; docling-core's
+    chunking extra brings transformers) though a rule-based backend never uses them, and
+    torch is more than the worker's address-space limit can map. Absent, docling takes the
+    paths of its slim install, and its import costs seconds less."""
+    for name in ("torch", "transformers"):
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+
+
+BACKENDS = {  # docling's format name, and the module and class of its rule-based backend
+    InputFormat.docx: ("DOCX", "docling.backend.msword_backend", "MsWordDocumentBackend"),
+    InputFormat.pptx: (
+        "PPTX",
+        "docling.backend.mspowerpoint_backend",
+        "MsPowerpointDocumentBackend",
+    ),
+    InputFormat.xlsx: ("XLSX", "docling.backend.msexcel_backend", "MsExcelDocumentBackend"),
+    InputFormat.html: ("HTML", "docling.backend.html_backend", "HTMLDocumentBackend"),
+    InputFormat.md: ("MD", "docling.backend.md_backend", "MarkdownDocumentBackend"),
+    InputFormat.csv: ("CSV", "docling.backend.csv_backend", "CsvDocumentBackend"),
+}
+
+
+def backend_options(fmt: InputFormat) -> Any:
+    """The backend's options with every fetch off (None: the backend fetches nothing)."""
+    from docling.datamodel import backend_options as options
+
+    off: dict[str, Any] = {"enable_local_fetch": False, "enable_remote_fetch": False}
+    if fmt is InputFormat.docx:
+        return options.MsWordBackendOptions(render_chart_images=False, **off)
+    if fmt is InputFormat.html:
+        return options.HTMLBackendOptions(fetch_images=False, **off)
+    if fmt is InputFormat.md:
+        return options.MarkdownBackendOptions(fetch_images=False, **off)
+    return None
 
 
 def backend_for(fmt: InputFormat) -> tuple[Docling, type[DeclarativeDocumentBackend], Any]:
-    """docling's format, rule-based backend and its options (every fetch off) for `fmt`."""
-    from docling.backend.csv_backend import CsvDocumentBackend
-    from docling.backend.html_backend import HTMLDocumentBackend
-    from docling.backend.md_backend import MarkdownDocumentBackend
-    from docling.backend.msexcel_backend import MsExcelDocumentBackend
-    from docling.backend.mspowerpoint_backend import MsPowerpointDocumentBackend
-    from docling.backend.msword_backend import MsWordDocumentBackend
-    from docling.datamodel.backend_options import (
-        HTMLBackendOptions,
-        MarkdownBackendOptions,
-        MsWordBackendOptions,
-    )
+    """docling's format, rule-based backend and its options for `fmt` (only that backend's
+    libraries imported)."""
     from docling.datamodel.base_models import InputFormat as Docling
 
-    off: dict[str, Any] = {"enable_local_fetch": False, "enable_remote_fetch": False}
-    found: dict[InputFormat, tuple[Docling, type[DeclarativeDocumentBackend], Any]] = {
-        InputFormat.docx: (
-            Docling.DOCX,
-            MsWordDocumentBackend,
-            MsWordBackendOptions(render_chart_images=False, **off),
-        ),
-        InputFormat.pptx: (Docling.PPTX, MsPowerpointDocumentBackend, None),
-        InputFormat.xlsx: (Docling.XLSX, MsExcelDocumentBackend, None),
-        InputFormat.html: (
-            Docling.HTML,
-            HTMLDocumentBackend,
-            HTMLBackendOptions(fetch_images=False, **off),
-        ),
-        InputFormat.md: (
-            Docling.MD,
-            MarkdownDocumentBackend,
-            MarkdownBackendOptions(fetch_images=False, **off),
-        ),
-        InputFormat.csv: (Docling.CSV, CsvDocumentBackend, None),
-    }
-    return found[fmt]
+    kind, module, name = BACKENDS[fmt]
+    backend = getattr(importlib.import_module(module), name)
+    return Docling[kind], backend, backend_options(fmt)
 
 
 def convert(data: bytes, fmt: InputFormat) -> DoclingDocument:
     """docling's DoclingDocument of the bytes, by its rule-based backend for the format (what
     docling's DocumentConverter runs for these formats, without its model pipelines);
     OfficeRefused where docling cannot read them."""
-    without_torch()
+    without_model_libraries()
     from docling.backend.abstract_backend import DeclarativeDocumentBackend
     from docling.datamodel.document import InputDocument
 
@@ -134,14 +134,15 @@ def convert(data: bytes, fmt: InputFormat) -> DoclingDocument:
     except Exception as error:  # docling's own errors, and its parsers'
         raise OfficeRefused(
             f"docling could not read it as a {fmt.value} file: {type(error).__name__}: {error}",
-            Refusal.damaged,
+            OfficeRefusal.damaged,
         ) from None
 
 
 def take_pictures(doc: DoclingDocument, limits: OfficeLimits) -> tuple[list[OfficePicture], int]:
-    """Each picture's pixels (up to `max_pictures`), taken out of the document."""
+    """Each picture's pixels (up to `max_pictures`, and `max_picture_pixels` in all), taken
+    out of the document."""
     taken: list[OfficePicture] = []
-    unread = 0
+    unread, pixels = 0, 0
     for picture in doc.pictures:
         image = None
         if picture.image is not None and len(taken) < limits.max_pictures:
@@ -150,12 +151,14 @@ def take_pictures(doc: DoclingDocument, limits: OfficeLimits) -> tuple[list[Offi
             except Exception:  # an image docling kept but PIL cannot decode
                 image = None
         picture.image = None  # the outputs name no file: the picture's text stands for it
-        if image is None:
+        if image is not None:
+            image = image.convert("RGB")
+            image.thumbnail((limits.max_picture_side, limits.max_picture_side))
+        if image is None or pixels + image.width * image.height > limits.max_picture_pixels:
             unread += 1
             continue
-        rgb = image.convert("RGB")
-        rgb.thumbnail((limits.max_picture_side, limits.max_picture_side))
-        taken.append(OfficePicture(picture.self_ref, rgb.width, rgb.height, rgb.tobytes()))
+        pixels += image.width * image.height
+        taken.append(OfficePicture(picture.self_ref, image.width, image.height, image.tobytes()))
     return taken, unread
 
 
