@@ -656,3 +656,17 @@ def random_bytes(size: int) -> bytes:
     import os
 
     return os.urandom(size)
+
+
+def docx_many_pictures(path: Path, pictures: int = 9, side: int = 2048) -> Path:
+    """`pictures` drawings of one `side` x `side` PNG (stored once, a few KB): each is a
+    picture the engine reads, its pixels `side` * `side` * 3 bytes on the way there."""
+    document = docx.Document()
+    document.add_paragraph("Album")
+    picture = png_bomb(side, side)
+    for _ in range(pictures):
+        document.add_picture(io.BytesIO(picture))
+    buffer = io.BytesIO()
+    document.save(buffer)
+    path.write_bytes(buffer.getvalue())
+    return path
