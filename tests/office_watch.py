@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import http.server
@@ -12,9 +13,12 @@ import signal
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 IN_ACCESS = 0x001
 IN_OPEN = 0x020
@@ -163,3 +167,72 @@ class MemoryWatch:
     @property
     def child_peak(self) -> int:
         return max((v for k, v in self.peaks.items() if k != self.pid), default=0)
+
+
+# ---- the secrets, and what a person reads ----------------------------------------------------
+
+
+def png_with(text: str) -> bytes:
+    """A 1x1 PNG carrying `text` in a tEXt chunk: a picture a reader would gladly embed."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body)
+        return len(body).to_bytes(4, "big") + kind + body + crc.to_bytes(4, "big")
+
+    header = (1).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    pixels = zlib.compress(b"\x00\xff\x00\x00")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"tEXt", b"Comment\x00" + text.encode())
+        + chunk(b"IDAT", pixels)
+        + chunk(b"IEND", b"")
+    )
+
+
+def plant_secrets(folders: list[Path], secret: str) -> list[Path]:
+    """secret.png in each folder, readable by ocrd's user."""
+    planted = []
+    for folder in folders:
+        path = folder / "secret.png"
+        path.write_bytes(png_with(secret))
+        os.chmod(path, 0o644)
+        planted.append(path)
+    return planted
+
+
+def holds_secret(content: bytes, secret: str) -> bool:
+    """The secret, as it is, or inside a base64 data: URL of the secret picture."""
+    if secret.encode() in content:
+        return True
+    picture = base64.b64encode(png_with(secret))
+    return picture[:40] in content
+
+
+def the_watches_see(opened: OpenWatch, server: CountingServer, secrets: list[Path]) -> None:
+    """The instruments work: an open of each secret file, and a request, are seen."""
+    for path in secrets:
+        path.read_bytes()
+    assert sorted(set(opened.read())) == sorted(secrets)
+    assert httpx.get(f"{server.url}/probe", timeout=10).status_code == 200
+    assert server.requests == ["GET /probe"]
+    opened.clear()
+    server.clear()
+
+
+@dataclass(frozen=True)
+class Ending:
+    name: str
+    outcome: str  # done or failed
+    reason: str  # failed: the report's message
+    markdown: str  # done: the Markdown
+
+
+def readable(reason: str) -> bool:
+    """A reason a person can act on: a sentence, no traceback, no control characters."""
+    return (
+        20 <= len(reason) <= 2000
+        and " " in reason
+        and "Traceback" not in reason
+        and not any(ord(c) < 32 and c not in "\n\t" for c in reason)
+    )

@@ -21,19 +21,29 @@ import subprocess
 import tempfile
 import time
 import uuid
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hostile_office as hostile
+import hostile_shapes as shapes
 import httpx
 import pytest
 import yaml
 from conftest import DaemonProcess, files_under, write_config
 from helpers import make_pdf
-from office_watch import CountingServer, MemoryWatch, OpenWatch, rss_bytes
+from office_watch import (
+    CountingServer,
+    Ending,
+    MemoryWatch,
+    OpenWatch,
+    holds_secret,
+    plant_secrets,
+    readable,
+    rss_bytes,
+    the_watches_see,
+)
 from test_http import base_url
 from test_shared_folder import make_text_pdf
 from test_uploads import AUTH, TOKEN, WITH_TOKEN
@@ -78,35 +88,6 @@ class Office:
     memory: MemoryWatch
 
 
-def png_with(text: str) -> bytes:
-    """A 1x1 PNG carrying `text` in a tEXt chunk: a picture a reader would gladly embed."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        crc = zlib.crc32(kind + body)
-        return len(body).to_bytes(4, "big") + kind + body + crc.to_bytes(4, "big")
-
-    header = (1).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
-    pixels = zlib.compress(b"\x00\xff\x00\x00")
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"tEXt", b"Comment\x00" + text.encode())
-        + chunk(b"IDAT", pixels)
-        + chunk(b"IEND", b"")
-    )
-
-
-def plant_secrets(folders: list[Path]) -> list[Path]:
-    """secret.png in each folder, readable by ocrd's user."""
-    planted = []
-    for folder in folders:
-        path = folder / "secret.png"
-        path.write_bytes(png_with(SECRET))
-        os.chmod(path, 0o644)
-        planted.append(path)
-    return planted
-
-
 def config_for(root: Path, data: Path, other: Path) -> Path:
     second = {name: str(other / name) for name in ("outbox", "done", "failed", "work")}
     settings = {
@@ -128,26 +109,6 @@ def config_for(root: Path, data: Path, other: Path) -> Path:
     return path
 
 
-def the_watches_see(opened: OpenWatch, server: CountingServer, secrets: list[Path]) -> None:
-    """The instruments work: an open of each secret file, and a request, are seen."""
-    for path in secrets:
-        path.read_bytes()
-    assert sorted(set(opened.read())) == sorted(secrets)
-    assert httpx.get(f"{server.url}/probe", timeout=10).status_code == 200
-    assert server.requests == ["GET /probe"]
-    opened.clear()
-    server.clear()
-
-
-def bait_for(outside: Path, secrets: list[Path], url: str) -> hostile.Bait:
-    """The secrets named every way a document can: absolute, file:, and `../` paths from
-    any depth (a path climbing past / stays at /)."""
-    depth = "../" * 12
-    relative = tuple("../" * level + "secret.png" for level in range(1, 6))
-    beyond = f"{depth}{str(outside / 'secret.png').lstrip('/')}"
-    return hostile.Bait(SECRET, tuple(secrets), (*relative, beyond), url)
-
-
 @pytest.fixture(scope="module")
 def office() -> Iterator[Office]:
     """The daemon, as root with this venv's interpreter: root may read every file, so a
@@ -164,7 +125,7 @@ def office() -> Iterator[Office]:
     other = shared_data(root / "second")
     staging = data / "inbox" / ".staging"  # hidden: never taken
     staging.mkdir()
-    secrets = plant_secrets([outside, root, data])
+    secrets = plant_secrets([outside, root, data], SECRET)
     opened = OpenWatch(secrets)
     the_watches_see(opened, server, secrets)
     daemon = DaemonProcess(config_for(root, data, other), env=WITH_TOKEN)
@@ -172,7 +133,7 @@ def office() -> Iterator[Office]:
         url = base_url(daemon)
         daemon.wait_for("daemon.ready", timeout=120)
         memory = MemoryWatch(daemon.process.pid, kill_above=MAX_WORKER_RSS + (2 << 30))
-        bait = bait_for(outside, secrets, server.url)
+        bait = hostile.bait_for(SECRET, outside, secrets, server.url)
         yield Office(daemon, url, data, other, staging, bait, opened, server, memory)
         assert daemon.stop() == 0, daemon.output()
     finally:
@@ -198,24 +159,6 @@ def drop(office: Office, made: Path, folder: Path | None = None) -> str:
 
 def made(office: Office, name: str) -> Path:
     return office.staging / name
-
-
-@dataclass(frozen=True)
-class Ending:
-    name: str
-    outcome: str  # done or failed
-    reason: str  # failed: the report's message
-    markdown: str  # done: the Markdown
-
-
-def readable(reason: str) -> bool:
-    """A reason a person can act on: a sentence, no traceback, no control characters."""
-    return (
-        20 <= len(reason) <= 2000
-        and " " in reason
-        and "Traceback" not in reason
-        and not any(ord(c) < 32 and c not in "\n\t" for c in reason)
-    )
 
 
 def ending(office: Office, name: str, data: Path | None = None) -> Ending:
@@ -251,16 +194,8 @@ def nothing_outside_was_touched(office: Office) -> None:
     for folder in (office.data / "outbox", office.data / "done", office.data / "failed"):
         for name in files_under(folder):
             content = (folder / name).read_bytes()
-            assert not holds_secret(content), f"{folder / name} holds the secret"
-    assert not holds_secret("".join(office.daemon.raw).encode()), "the log holds the secret"
-
-
-def holds_secret(content: bytes) -> bool:
-    """The secret, as it is, or inside a base64 data: URL of the secret picture."""
-    if SECRET.encode() in content:
-        return True
-    picture = base64.b64encode(png_with(SECRET))
-    return picture[:40] in content
+            assert not holds_secret(content, SECRET), f"{folder / name} holds the secret"
+    assert not holds_secret("".join(office.daemon.raw).encode(), SECRET), "the log holds it"
 
 
 def still_serving(office: Office) -> None:
@@ -309,23 +244,12 @@ def test_zip_bombs_fail_with_a_reason_and_memory_stays_bounded(office: Office) -
     still_serving(office)
 
 
-def paragraph_flood(path: Path) -> Path:
-    """A document.xml under every size limit made of millions of empty paragraphs, a
-    random part beside it keeping the archive's ratio in bounds."""
-    head, tail = hostile.document_xml("|").split(b"|")
-    paragraphs = b"<w:p/>" * (1 << 16)
-    flood = hostile.Inflating(head, paragraphs, (90 * hostile.MIB) // len(paragraphs), tail)
-    entries = hostile.replaced(hostile.docx_bytes("flood"), {"word/document.xml": flood})
-    padding = hostile.Entry("word/media/noise.bin", os.urandom(hostile.MIB))
-    return hostile.write_zip(path, [*entries, padding])
-
-
 def test_pictures_of_81_million_pixels_end_within_a_workers_memory(office: Office) -> None:
     """Three pictures of 81 million pixels each (under twice Pillow's bomb limit, so
     decoded, 240 MB apiece) in a 38 KB document: converted with them scaled down, or
     failed with a reason, without a worker's memory past its bound."""
     with office.memory.sampling():
-        name = drop(office, hostile.docx_picture_bomb(made(office, "pictures.docx")))
+        name = drop(office, shapes.docx_picture_bomb(made(office, "pictures.docx")))
         pictures = settle_all(office, [name])[name]
     assert pictures.outcome == "failed" or "Pictures behind" in pictures.markdown, pictures
     memory_was_bounded(office)
@@ -377,9 +301,9 @@ def test_web_pages_and_markdown_fetch_nothing(office: Office) -> None:
     the web server: the text converts, nothing is fetched or read."""
     bait = office.bait
     page = made(office, "references-page.html")
-    page.write_text(hostile.html_references(bait))
+    page.write_text(shapes.html_references(bait))
     notes = made(office, "references-notes.md")
-    notes.write_text(hostile.markdown_references(bait))
+    notes.write_text(shapes.markdown_references(bait))
     names = [drop(office, page), drop(office, notes)]
     endings = settle_all(office, names)
     for result in endings.values():
@@ -392,8 +316,8 @@ def test_huge_data_pictures_in_web_pages_end_without_blowing_memory(office: Offi
     """A 64 MB data: picture in HTML, and one just under the text limit: each ends with
     its text or a reason."""
     names = [
-        hostile.html_huge_data_uri(made(office, "huge-data.html")).name,
-        hostile.html_huge_data_uri(made(office, "data-15mb.html"), 15 * hostile.MIB).name,
+        shapes.html_huge_data_uri(made(office, "huge-data.html")).name,
+        shapes.html_huge_data_uri(made(office, "data-15mb.html"), 15 * hostile.MIB).name,
     ]
     with office.memory.sampling():
         for name in names:
@@ -410,11 +334,11 @@ def test_tables_at_scale_end_within_the_limits(office: Office) -> None:
     """A CSV of a million columns and one of a 1 GB line; a workbook of a million formula
     cells; 3,000 slides and 2,000 slides: each within the limits or refused naming one."""
     names = [
-        hostile.csv_wide(made(office, "wide.csv")).name,
-        hostile.csv_long_line(made(office, "long-line.csv")).name,
-        hostile.xlsx_million_cells(made(office, "million-cells.xlsx")).name,
-        hostile.pptx_many_slides(made(office, "slides-3000.pptx")).name,
-        hostile.pptx_many_slides(made(office, "slides-2000.pptx"), 2000).name,
+        shapes.csv_wide(made(office, "wide.csv")).name,
+        shapes.csv_long_line(made(office, "long-line.csv")).name,
+        shapes.xlsx_million_cells(made(office, "million-cells.xlsx")).name,
+        shapes.pptx_many_slides(made(office, "slides-3000.pptx")).name,
+        shapes.pptx_many_slides(made(office, "slides-2000.pptx"), 2000).name,
     ]
     with office.memory.sampling():
         for name in names:
@@ -436,10 +360,10 @@ def test_small_files_shaped_to_hold_a_worker_are_refused_for_their_shape(office:
     for its shape, naming it, never stopped at the render time limit after holding a
     worker (and every document queued behind it) that long."""
     names = [
-        hostile.xlsx_corners(made(office, "corners.xlsx")).name,
-        paragraph_flood(made(office, "paragraphs.docx")).name,
-        hostile.html_deep(made(office, "deep-page.html")).name,
-        hostile.markdown_deep(made(office, "deep-notes.md")).name,
+        shapes.xlsx_corners(made(office, "corners.xlsx")).name,
+        shapes.paragraph_flood(made(office, "paragraphs.docx")).name,
+        shapes.html_deep(made(office, "deep-page.html")).name,
+        shapes.markdown_deep(made(office, "deep-notes.md")).name,
     ]
     for name in names:
         drop(office, office.staging / name)
@@ -515,7 +439,7 @@ def test_hostile_uploads_and_docling_tasks_fail_by_name_and_read_nothing(office:
     bait = office.bait
     bomb = hostile.docx_bomb(made(office, "upload-bomb.docx"))
     page = made(office, "upload-references.html")
-    page.write_text(hostile.html_references(bait))
+    page.write_text(shapes.html_references(bait))
     entities = hostile.docx_entities(made(office, "upload-entities.docx"), bait)
 
     sent = httpx.post(
@@ -539,7 +463,7 @@ def test_hostile_uploads_and_docling_tasks_fail_by_name_and_read_nothing(office:
     assert answer.status_code == 200, answer.text
     document = answer.json()["document"]
     assert "Text after." in document.get("md_content", ""), answer.json()
-    assert not holds_secret(answer.content)
+    assert not holds_secret(answer.content, SECRET)
 
     source = {
         "kind": "file",
@@ -553,7 +477,7 @@ def test_hostile_uploads_and_docling_tasks_fail_by_name_and_read_nothing(office:
         timeout=seconds_for(1),
     )
     assert answer.status_code in (200, 422), answer.text
-    assert not holds_secret(answer.content)
+    assert not holds_secret(answer.content, SECRET)
     if answer.json().get("status") == "failure" or answer.status_code == 422:
         message = json.dumps(answer.json())
         assert "entit" in message.lower() or "declar" in message.lower(), message
@@ -591,7 +515,7 @@ def test_pictures_waiting_for_the_engine_are_not_all_held_in_the_daemon(
     staging = tmp_path / "staging"
     staging.mkdir()
     for number in range(WAITING_DOCUMENTS):
-        album = hostile.docx_many_pictures(staging / f"album-{number}.docx")
+        album = shapes.docx_many_pictures(staging / f"album-{number}.docx")
         os.rename(album, tmp_path / "data" / "inbox" / album.name)
     daemon.wait_for(
         "document.opened", timeout=seconds_for(WAITING_DOCUMENTS), count=WAITING_DOCUMENTS
