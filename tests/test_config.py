@@ -151,11 +151,15 @@ def test_version() -> None:
             "inboxes:\n  - path: in\npipeline:\n  rescan_interval_seconds: often\n",
             "pipeline.rescan_interval_seconds: Input should be a valid number",
         ),
+        (
+            "inboxes:\n  - path: in\n    pdf_lines: fast\n",
+            "inboxes[0].pdf_lines: Input should be 'read', 'detect' or 'off'",
+        ),
         ("inboxes: [\n", "not valid YAML"),
         (None, "cannot read the configuration file (No such file or directory)"),
         ("folder", "cannot read the configuration file (Is a directory)"),
     ],
-    ids=["misspelt-key", "wrong-type", "not-yaml", "missing-file", "a-folder"],
+    ids=["misspelt-key", "wrong-type", "wrong-pdf-lines", "not-yaml", "missing-file", "a-folder"],
 )
 def test_every_configuration_error_exits_78_naming_the_key_or_file(
     tmp_path: Path, written: str | None, expected: str

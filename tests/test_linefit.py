@@ -3,19 +3,23 @@ the pure sharing out (`linefit.py`), and real pages through RapidOCR and PyMuPDF
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
 import pymupdf
 import pytest
 
-from ocrd.config import PromptMode
+from ocrd.config import PdfLines, PromptMode
+from ocrd.documents.pipeline import PDF_SECONDS_PER_PAGE
 from ocrd.domain import InputFormat, PageInfo, PageResult, PageText
 from ocrd.output.linefind import LineFinder
 from ocrd.output.linefit import by_reading, runs
 from ocrd.output.page import assemble_page
 from ocrd.output.searchable import PdfSettings, write_searchable_pdf
 from ocrd.output.textlayer import FoundLine, page_lines
+from ocrd.render.pool import RenderPool
+from ocrd.render.protocol import RenderLimits, WriteSearchablePdf
 
 PAGE_SIZE = (420.0, 300.0)
 DPI = 150
@@ -71,12 +75,18 @@ def lightonocr_page(size_px: tuple[int, int]) -> PageResult:
     return assemble_page(info, PageText(markdown, "stop", model="lightonocr-2"), PromptMode.layout)
 
 
-@pytest.fixture
-def scan(tmp_path: Path) -> tuple[Path, list[tuple[str, pymupdf.Rect]]]:
-    """A page of printed paragraphs as a PNG scan, and where each of its words is."""
+Printed = list[tuple[str, pymupdf.Rect]]
+
+
+def printed_scan(path: Path, heading: str | None = None) -> Printed:
+    """A page of printed paragraphs (under `heading`, where given) written to `path` as a
+    PNG scan; where each of its words is."""
     doc = pymupdf.open()
     page = doc.new_page(width=PAGE_SIZE[0], height=PAGE_SIZE[1])
     y = 50.0
+    if heading is not None:
+        page.insert_text((40, 30), heading, fontsize=16, fontname="helv")
+        y += 20
     for lines in PARAGRAPHS:
         for line in lines:
             page.insert_text((40, y), line, fontsize=16, fontname="helv")
@@ -85,10 +95,16 @@ def scan(tmp_path: Path) -> tuple[Path, list[tuple[str, pymupdf.Rect]]]:
     printed = [(w[4], pymupdf.Rect(w[:4])) for w in page.get_text("words")]
     pixmap = page.get_pixmap(dpi=DPI)
     pixmap.set_dpi(DPI, DPI)
-    path = tmp_path / "scan.png"
     pixmap.save(path)
     doc.close()
-    return path, printed
+    return printed
+
+
+@pytest.fixture
+def scan(tmp_path: Path) -> tuple[Path, Printed]:
+    """A page of printed paragraphs as a PNG scan, and where each of its words is."""
+    path = tmp_path / "scan.png"
+    return path, printed_scan(path)
 
 
 def image_size(path: Path) -> tuple[int, int]:
@@ -147,3 +163,52 @@ def test_found_lines_that_fail_leave_the_text_stacked(
     page = lightonocr_page(image_size(path))
     write_searchable_pdf([(path, InputFormat.png)], [(0, 1)], [page], target, settings)
     assert [text for text, _ in layer_words(target)] == [text for text, _ in printed]
+
+
+def written_by_a_render_worker(
+    scan: Path, page: PageResult, folder: Path, modes: list[PdfLines]
+) -> dict[PdfLines, Printed]:
+    """The layer's words of the searchable PDF a real render worker writes for the scan
+    with each `pdf_lines` mode, asked as the pipeline asks it."""
+
+    async def run() -> dict[PdfLines, Printed]:
+        pool = RenderPool(1, RenderLimits())
+        try:
+            written = {}
+            for mode in modes:
+                target = folder / f"{mode.value}.pdf"
+                files = ((scan, InputFormat.png),)
+                request = WriteSearchablePdf(
+                    files, ((0, 1),), (page,), target, False, (), None, mode
+                )
+                seconds = pool.limits.page_timeout_seconds + PDF_SECONDS_PER_PAGE  # as asked
+                result = await pool.searchable_pdf(request, seconds)
+                assert result.layered_pages == [1]
+                written[mode] = layer_words(target)
+            return written
+        finally:
+            pool.shutdown()
+
+    return asyncio.run(run())
+
+
+def test_pdf_lines_read_detect_or_skip_finding_the_lines(tmp_path: Path) -> None:
+    # The model's text leaves out the page's heading: read lines put its words where they
+    # are printed; lines cut by length alone start on the heading's line and stay one line
+    # off; with `off` the paragraphs are stacked as if no line had been found.
+    scan = tmp_path / "scan.png"
+    printed = printed_scan(scan, heading="MINUTES OF THE BOARD")
+    heading, body = printed[:4], printed[4:]
+    page = lightonocr_page(image_size(scan))
+    written = written_by_a_render_worker(scan, page, tmp_path, list(PdfLines))
+
+    assert centres_on_their_words(written[PdfLines.read], body) >= 0.9
+
+    detected = written[PdfLines.detect]
+    assert centres_on_their_words(detected, body) < 0.5
+    first = detected[0][1]
+    assert heading[0][1].y0 <= (first.y0 + first.y1) / 2 <= heading[0][1].y1
+
+    stacked = tmp_path / "stacked.pdf"
+    write_searchable_pdf([(scan, InputFormat.png)], [(0, 1)], [page], stacked, PdfSettings())
+    assert written[PdfLines.off] == layer_words(stacked)

@@ -51,6 +51,14 @@ class PdfText(StrEnum):
     prefer = "prefer"  # where the layer is good
 
 
+class PdfLines(StrEnum):
+    """Where the searchable PDF lays the text of a model that gives no positions."""
+
+    read = "read"  # over the lines RapidOCR finds on the page and reads (best, slowest)
+    detect = "detect"  # over the lines it finds, the text cut by length (no reading)
+    off = "off"  # stacked down the page in reading order; RapidOCR does not run
+
+
 class BlankPages(StrEnum):
     keep = "keep"  # recognise them like any page
     drop = "drop"  # leave the page empty
@@ -120,6 +128,7 @@ class DocumentOptions(Strict):
     blank_pages: BlankPages = BlankPages.mark  # pages blank at engine resolution
     outputs: Annotated[tuple[OutputKind, ...], Field(min_length=1)] = (OutputKind.markdown,)
     pdf_archive: bool = False  # the searchable PDF as PDF/A-2b
+    pdf_lines: PdfLines = PdfLines.read  # only for pages whose model gives no positions
     split_on: tuple[SeparatorSheet, ...] = ()
     split_barcode: str | None = None  # a regular expression a whole barcode text matches
 

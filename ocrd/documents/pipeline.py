@@ -459,6 +459,7 @@ async def searchable_pdfs(
             settings.pdf_archive,
             settings.passwords,
             inputs[0].root,
+            settings.pdf_lines,
         )
         seconds = renderers.limits.page_timeout_seconds + len(order) * (
             PDF_ARCHIVE_SECONDS_PER_PAGE if settings.pdf_archive else PDF_SECONDS_PER_PAGE

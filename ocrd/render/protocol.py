@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocrd.config import PipelineConfig, RenderSettings
+from ocrd.config import PdfLines, PipelineConfig, RenderSettings
 from ocrd.domain import Figure, InputFormat, PageResult, SeparatorMark, TextLayer
 from ocrd.office.read import OfficeRead
 from ocrd.output.searchable import SearchablePdfResult
@@ -100,6 +100,7 @@ class WriteSearchablePdf:
     archive: bool
     passwords: tuple[str, ...]
     root: Path | None = None  # no link is followed below this folder (a claim's)
+    lines: PdfLines = PdfLines.read  # how the lines of pages without positions are found
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
+from ocrd.config import PdfLines
 from ocrd.domain import InputFormat, TextLayer
 from ocrd.office.limits import DEFAULT_LIMITS, OfficeRefused
 from ocrd.office.read import OfficeRead, read_office
@@ -63,8 +64,12 @@ class _Worker:
         self.limits = limits
         self.buffer = buffer
         self.sources: OrderedDict[SourceKey, Source] = OrderedDict()
-        # Finds the lines of pages whose model gave no positions (its model loads on use).
-        self.line_finder = LineFinder()
+        # Find the lines of pages whose model gave no positions, as the inbox's
+        # `pdf_lines` asks (each loads RapidOCR's models on its first use).
+        self.line_finders = {
+            PdfLines.read: LineFinder(read=True),
+            PdfLines.detect: LineFinder(read=False),
+        }
 
     def source(self, key: SourceKey) -> Source:
         """The open source for `key`, opened now if this worker does not have it (it may
@@ -146,7 +151,7 @@ class _Worker:
                     request.archive,
                     request.passwords,
                     root=request.root,
-                    line_finder=self.line_finder,
+                    line_finder=self.line_finders.get(request.lines),  # `off`: none
                 ),
             )
         except SearchablePdfError as error:
