@@ -21,6 +21,7 @@ from ocrd.config import (
     BlankPages,
     DocumentOptions,
     OutputKind,
+    PdfLines,
     PdfText,
     PipelineConfig,
     PromptMode,
@@ -61,6 +62,9 @@ from ocrd.render.separators import SeparatorRules, split_pages
 
 PDF_SECONDS_PER_PAGE = 1.0  # a searchable PDF's time limit, beside a page's
 PDF_ARCHIVE_SECONDS_PER_PAGE = 5.0  # PDF/A may go through Ghostscript
+# Finding the lines of a page whose model gives no positions (BENCHMARKS.md, "Searchable
+# PDFs: where the words lie"): reading them took up to 10 s of CPU on a dense page.
+LINE_SECONDS_PER_PAGE = {PdfLines.read: 20.0, PdfLines.detect: 5.0, PdfLines.off: 0.0}
 
 
 class Progress:
@@ -461,9 +465,9 @@ async def searchable_pdfs(
             inputs[0].root,
             settings.pdf_lines,
         )
-        seconds = renderers.limits.page_timeout_seconds + len(order) * (
-            PDF_ARCHIVE_SECONDS_PER_PAGE if settings.pdf_archive else PDF_SECONDS_PER_PAGE
-        )
+        per_page = PDF_ARCHIVE_SECONDS_PER_PAGE if settings.pdf_archive else PDF_SECONDS_PER_PAGE
+        per_page += LINE_SECONDS_PER_PAGE[settings.pdf_lines]
+        seconds = renderers.limits.page_timeout_seconds + len(order) * per_page
         await renderers.searchable_pdf(request, seconds)
         made.append(target)
     return tuple(made)
