@@ -15,11 +15,10 @@ from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 # What docling's Office readers walk one by one: paragraphs and runs (Word's `w:p`, `w:r`;
 # a slide's `a:p`, `a:r`), table cells (`w:tc`, `a:tc`) and a sheet's cells (`c`).
 _ELEMENT = re.compile(rb"<(?:\w+:)?(?:p|r|tc|c)[\s>/]")
-_TAG = re.compile(rb"<(/?)([A-Za-z][\w:.-]*)[^<>]*?(/?)>")
-_NOT_NESTED = re.compile(
-    rb"<!--.*?-->|<(script|style|textarea|title|xmp)[\s>].*?</\1\s*>|<!\[CDATA\[.*?\]\]>",
-    re.IGNORECASE | re.DOTALL,
-)
+# A tag, or the start of what holds no tags (a comment, CDATA); the page is lowercased.
+_TOKEN = re.compile(rb"<!--|<!\[cdata\[|<(/?)([a-z][\w:.-]*)[^<>]*?(/?)>")
+_UNTIL = {b"<!--": b"-->", b"<![cdata[": b"]]>"}
+_RAW_TEXT = frozenset((b"script", b"style", b"textarea", b"title", b"xmp"))
 # Elements that hold nothing, or whose end tag a page may leave out (HTML closes them for
 # it): counting them would make a sound page with unclosed paragraphs look deep.
 _FLAT = frozenset(
@@ -64,18 +63,31 @@ def check_part_ratio(name: str, unpacked: int, packed: int, limits: OfficeLimits
 
 
 def check_html_depth(data: bytes, limits: OfficeLimits) -> None:
-    """OfficeRefused where the page's elements nest deeper than `max_nesting`."""
-    depth = 0
-    for match in _TAG.finditer(_NOT_NESTED.sub(b"", data)):
+    """OfficeRefused where the page's elements nest deeper than `max_nesting`. One pass:
+    what a comment, CDATA or script holds is skipped to its end (an end never found ends
+    the scan, so that unclosed ones cannot make it search the rest again and again)."""
+    page, depth, at = data.lower(), 0, 0
+    while match := _TOKEN.search(page, at):
         closing, name, empty = match.groups()
-        if empty or name.lower() in _FLAT:
+        at = _past_raw_text(page, match)
+        if at < 0:
+            return
+        if name is None or empty or name in _FLAT or name in _RAW_TEXT:
             continue
-        if closing:
-            depth = max(0, depth - 1)
-            continue
-        depth += 1
+        depth = max(0, depth - 1) if closing else depth + 1
         if depth > limits.max_nesting:
             raise too_deep("web page's elements", limits)
+
+
+def _past_raw_text(page: bytes, match: re.Match[bytes]) -> int:
+    """Where to scan on after `match`: past the end of a comment, CDATA or script it
+    starts (-1 where that end never comes)."""
+    closing, name, empty = match.groups()
+    if name is None:
+        return page.find(_UNTIL[match.group()], match.end())
+    if name in _RAW_TEXT and not closing and not empty:
+        return page.find(b"</" + name, match.end())
+    return match.end()
 
 
 def check_markdown_depth(data: bytes, limits: OfficeLimits) -> None:
