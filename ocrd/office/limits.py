@@ -51,8 +51,8 @@ class OfficeLimits:
     max_sheet_grid: int = 5_000_000
     max_pictures: int = 50  # pictures read by the engine; the rest are kept unread
     max_picture_side: int = 2048  # a larger picture is scaled down before the engine
-    # the pictures' pixels all together (RGB, 3 bytes a pixel), held by the daemon until the
-    # engine has read them: the pictures past it are kept unread
+    # the pictures' pixels all together (RGB, 3 bytes a pixel), written by the worker into
+    # the claim's scratch folder until the engine has read them: those past it stay unread
     max_picture_pixels: int = 40_000_000
 
     @property
