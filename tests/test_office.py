@@ -126,6 +126,33 @@ def test_archive_and_cell_limits_refuse_before_anything_is_parsed(tmp_path: Path
         check_document(far.read_bytes(), InputFormat.xlsx, OfficeLimits())
 
 
+def test_elements_and_nesting_are_measured_before_docling(tmp_path: Path) -> None:
+    """A document's paragraphs, runs and cells are counted against their limit; a page's
+    nesting is measured as a browser nests it (unclosed paragraphs and list items do not
+    deepen it), a Markdown file's by its quotes, list items and indentation."""
+    word = word_file(tmp_path / "w.docx", picture=False).read_bytes()
+    check_document(word, InputFormat.docx, OfficeLimits())
+    with pytest.raises(OfficeRefused, match="more than 1 paragraphs, runs and cells"):
+        check_document(word, InputFormat.docx, OfficeLimits(max_elements=1))
+
+    def page(depth: int) -> bytes:
+        sloppy = "<p>unclosed<li>item" * 500  # HTML closes these itself
+        nested = "<div>" * depth + "deep" + "</div>" * depth
+        return (
+            f"<html><body>{sloppy}<script>'{'<div>' * 9}'</script>{nested}</body></html>".encode()
+        )
+
+    check_document(page(20), InputFormat.html, OfficeLimits(max_nesting=20))
+    with pytest.raises(OfficeRefused, match="nest deeper than the 20 levels ocrd converts"):
+        check_document(page(21), InputFormat.html, OfficeLimits(max_nesting=20))
+
+    quoted, listed, indented = b"> " * 21 + b"q\n", b"- " * 21 + b"l\n", b" " * 42 + b"- i\n"
+    check_document(b"> " * 20 + b"fine\n", InputFormat.md, OfficeLimits(max_nesting=20))
+    for deep in (quoted, listed, indented):
+        with pytest.raises(OfficeRefused, match="quotes and lists nest deeper than the 20"):
+            check_document(b"# Notes\n\n" + deep, InputFormat.md, OfficeLimits(max_nesting=20))
+
+
 def secret_files(folder: Path) -> tuple[str, Path, Path]:
     """A secret text and an image only a link could reach: (the text, its file, the image)."""
     token = f"SECRET-{secrets.token_hex(8)}"

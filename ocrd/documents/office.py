@@ -10,8 +10,11 @@ document without pictures has none, and costs the engine nothing.
 from __future__ import annotations
 
 import asyncio
+import secrets
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PIL import Image
@@ -19,7 +22,15 @@ from PIL import Image
 from ocrd.backoff import Backoff
 from ocrd.config import OutputKind
 from ocrd.documents.schedule import Ticket
-from ocrd.domain import DocumentFailed, DocumentResult, PageImage, PageResult, PageText, Stage
+from ocrd.domain import (
+    DocumentFailed,
+    DocumentResult,
+    PageImage,
+    PageInfo,
+    PageResult,
+    PageText,
+    Stage,
+)
 from ocrd.engines import EngineError
 from ocrd.office.pictures import with_picture_text
 from ocrd.office.read import OfficePicture, OfficeRead
@@ -50,8 +61,13 @@ class _Pictures:
         """Picture `number` (1-based): the engine's page for it, retried as a page is."""
         settings, log = self.document.settings, self.document.log
         prompt = settings.prompt
-        text = await self._engine_text(number, picture)
-        result = assemble_page(_image(number, picture).info, text, prompt)
+        try:
+            text = await self._engine_text(number, picture)
+        finally:  # the engine has read it: its file is not needed again
+            if picture.file is not None:
+                await asyncio.to_thread(picture.file.unlink, missing_ok=True)
+        info = PageInfo(number, (picture.width, picture.height), *_points(picture))
+        result = assemble_page(info, text, prompt)
         self.ticket.page_done()
         self.document.progress.page_done()
         log.info(
@@ -95,11 +111,19 @@ class _Pictures:
                 await asyncio.sleep(delay)
 
 
+def _points(picture: OfficePicture) -> tuple[float, float]:
+    return picture.width * POINTS_PER_PIXEL, picture.height * POINTS_PER_PIXEL
+
+
 def _image(number: int, picture: OfficePicture) -> PageImage:
-    size = (picture.width, picture.height)
-    image = Image.frombytes("RGB", size, picture.pixels)
-    width, height = picture.width * POINTS_PER_PIXEL, picture.height * POINTS_PER_PIXEL
-    return PageImage(number, image, width, height)
+    """The picture's image, only now (its slot of the budget taken) read from its file:
+    PIL reads the header, the pixels when the engine asks for them."""
+    image: Image.Image
+    if picture.file is not None:
+        image = Image.open(picture.file, formats=("PPM",))
+    else:
+        image = Image.frombytes("RGB", (picture.width, picture.height), picture.pixels)
+    return PageImage(number, image, *_points(picture))
 
 
 async def read_pictures(
@@ -131,9 +155,20 @@ def holds_nothing(read: OfficeRead) -> bool:
 async def convert_office(
     pipeline: Pipeline, document: DocumentContext, source: SourceFile
 ) -> DocumentResult:
-    """The document converted, its pictures read; DocumentFailed where it holds nothing."""
+    """The document converted, its pictures read; DocumentFailed where it holds nothing.
+    The worker writes the pictures into the scratch folder, removed with what is left."""
+    folder = document.scratch / f"pictures-{secrets.token_hex(8)}"
+    try:
+        return await _convert(pipeline, document, source, folder)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, folder, True)
+
+
+async def _convert(
+    pipeline: Pipeline, document: DocumentContext, source: SourceFile, folder: Path
+) -> DocumentResult:
     started, settings, log = time.monotonic(), document.settings, document.log
-    read = await pipeline.renderers.office(source)
+    read = await pipeline.renderers.office(source, folder)
     document.progress.pages = len(read.pictures)
     log.info(
         "document.opened",

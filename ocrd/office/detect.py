@@ -17,6 +17,7 @@ from xml.etree import ElementTree
 
 from ocrd.domain import InputFormat
 from ocrd.office.limits import DEFAULT_LIMITS, OfficeLimits, OfficeRefusal, OfficeRefused
+from ocrd.office.shape import check_part_ratio
 
 ZIP_SIGNATURE = b"PK\x03\x04"
 CONTENT_TYPES = "[Content_Types].xml"
@@ -150,6 +151,8 @@ def check_archive(infos: list[zipfile.ZipInfo], packed: int, limits: OfficeLimit
             f"{limits.max_zip_ratio} allowed): a zip bomb",
             OfficeRefusal.hostile,
         )
+    for info in infos:
+        check_part_ratio(info.filename, info.file_size, info.compress_size, limits)
 
 
 def list_zip(handle: BinaryIO, limits: OfficeLimits) -> zipfile.ZipFile:

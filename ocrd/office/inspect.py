@@ -15,6 +15,7 @@ from xml.etree import ElementTree
 from ocrd.domain import InputFormat
 from ocrd.office.detect import list_zip, read_part, refuse_declarations, zip_format
 from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
+from ocrd.office.shape import check_elements, check_html_depth, check_markdown_depth
 
 XML_SUFFIXES = (".xml", ".rels", ".vml")
 # External relationships no reader loads: a hyperlink (followed by a reader's click) and
@@ -37,6 +38,9 @@ def check_document(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
         check_cells(csv_cells(data.decode("utf-8", "replace")), "CSV file", limits)
     elif fmt is InputFormat.html:
         check_cells(len(_HTML_CELL.findall(data)), "web page's tables", limits)
+        check_html_depth(data, limits)
+    elif fmt is InputFormat.md:
+        check_markdown_depth(data, limits)
 
 
 def check_cells(cells: int, what: str, limits: OfficeLimits) -> None:
@@ -56,18 +60,19 @@ def csv_cells(text: str) -> int:
 
 def check_ooxml(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
     """The archive's sizes, its type, and each XML part: no declarations, no external
-    relationship that loads content, no more cells than the limit."""
+    relationship that loads content, no more cells or elements than the limits."""
     if zip_format(io.BytesIO(data), limits) is not fmt:
         raise OfficeRefused(
             "it is no longer the document it was detected as", OfficeRefusal.damaged
         )
-    cells = 0
+    cells = elements = 0
     with list_zip(io.BytesIO(data), limits) as archive:
         for info in archive.infolist():
             if not info.filename.lower().endswith(XML_SUFFIXES):
                 continue
             part = read_part(archive, info, limits.max_part_bytes)
             refuse_declarations(part, info.filename)
+            elements = check_elements(part, info.filename, elements, limits)
             if info.filename.lower().endswith(".rels"):
                 refuse_external(part, info.filename)
             if fmt is InputFormat.xlsx and info.filename.startswith("xl/worksheets/"):

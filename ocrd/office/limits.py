@@ -33,9 +33,16 @@ class OfficeLimits:
     max_text_bytes: int = 20 * 1024 * 1024  # an HTML, Markdown or CSV file
     max_zip_entries: int = 5_000
     max_unzipped_bytes: int = 500 * 1024 * 1024
-    max_zip_ratio: int = 200  # uncompressed / compressed, over the whole archive
+    max_zip_ratio: int = 200  # uncompressed / compressed: the whole archive's, and each part's
     ratio_from_bytes: int = 10 * 1024 * 1024  # a small archive may compress as well as it likes
     max_part_bytes: int = 100 * 1024 * 1024  # one XML part
+    # the XML parts' paragraphs, runs and cells together: millions of empty paragraphs
+    # fit in a small file, and docling walks each (100,000 paragraphs took it 80 s on a
+    # busy 2-core machine; 16 million held a worker until the render time limit)
+    max_elements: int = 100_000
+    # how deep a web page's elements, or a Markdown file's quotes and lists, may nest:
+    # 100,000 nested <div>s in a 1 MB page held a worker past 90 s
+    max_nesting: int = 250
     # a workbook's, CSV file's or web page's cells: its DoclingDocument (about 500 bytes of
     # JSON a cell) is held by the daemon while its outputs are written
     max_cells: int = 50_000
@@ -44,8 +51,8 @@ class OfficeLimits:
     max_sheet_grid: int = 5_000_000
     max_pictures: int = 50  # pictures read by the engine; the rest are kept unread
     max_picture_side: int = 2048  # a larger picture is scaled down before the engine
-    # the pictures' pixels all together (RGB, 3 bytes a pixel), held by the daemon until the
-    # engine has read them: the pictures past it are kept unread
+    # the pictures' pixels all together (RGB, 3 bytes a pixel), written by the worker into
+    # the claim's scratch folder until the engine has read them: those past it stay unread
     max_picture_pixels: int = 40_000_000
 
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,10 @@ class OfficePicture:
     ref: str  # the picture's `self_ref` in the DoclingDocument
     width: int
     height: int
-    pixels: bytes
+    # a PPM file in the folder the daemon named, loaded when the engine takes the picture;
+    # where it could not be written (a full disk), the pixels travel instead
+    file: Path | None = None
+    pixels: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -138,9 +142,33 @@ def convert(data: bytes, fmt: InputFormat) -> DoclingDocument:
         ) from None
 
 
-def take_pictures(doc: DoclingDocument, limits: OfficeLimits) -> tuple[list[OfficePicture], int]:
-    """Each picture's pixels (up to `max_pictures`, and `max_picture_pixels` in all), taken
-    out of the document."""
+def picture_file(image: Image.Image, path: Path) -> Path | None:
+    """The picture written to `path` as a PPM file (None where that failed)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        with open(fd, "wb") as out:
+            image.save(out, "PPM")
+    except OSError:
+        path.unlink(missing_ok=True)
+        return None
+    return path
+
+
+def kept_picture(ref: str, image: Image.Image, path: Path | None) -> OfficePicture:
+    """The picture for the engine: a file at `path`, else its pixels."""
+    file = picture_file(image, path) if path is not None else None
+    pixels = b"" if file is not None else image.tobytes()
+    return OfficePicture(ref, image.width, image.height, file, pixels)
+
+
+def take_pictures(
+    doc: DoclingDocument, limits: OfficeLimits, folder: Path | None = None
+) -> tuple[list[OfficePicture], int]:
+    """Each picture (up to `max_pictures`, and `max_picture_pixels` in all), taken out of
+    the document, written into `folder` where one is given."""
     taken: list[OfficePicture] = []
     unread, pixels = 0, 0
     for picture in doc.pictures:
@@ -158,17 +186,24 @@ def take_pictures(doc: DoclingDocument, limits: OfficeLimits) -> tuple[list[Offi
             unread += 1
             continue
         pixels += image.width * image.height
-        taken.append(OfficePicture(picture.self_ref, image.width, image.height, image.tobytes()))
+        path = folder / f"picture-{len(taken) + 1}.ppm" if folder is not None else None
+        taken.append(kept_picture(picture.self_ref, image, path))
     return taken, unread
 
 
 def read_office(
-    path: Path, fmt: InputFormat, root: Path | None, limits: OfficeLimits, max_pixels: int
+    path: Path,
+    fmt: InputFormat,
+    root: Path | None,
+    limits: OfficeLimits,
+    max_pixels: int,
+    pictures_folder: Path | None = None,
 ) -> OfficeRead:
-    """The file checked and converted; OfficeRefused with the reason where it must not be."""
+    """The file checked and converted, its pictures written into `pictures_folder` (where
+    given); OfficeRefused with the reason where it must not be."""
     data = read_bytes(path, root, limits)
     check_document(data, fmt, limits)
     Image.MAX_IMAGE_PIXELS = max_pixels  # this worker's own limit, as for image pages
     doc = convert(data, fmt)
-    pictures, unread = take_pictures(doc, limits)
+    pictures, unread = take_pictures(doc, limits, pictures_folder)
     return OfficeRead(doc.export_to_dict(), tuple(pictures), unread)

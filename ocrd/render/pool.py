@@ -16,6 +16,7 @@ import mmap
 import multiprocessing
 import os
 import secrets
+import shutil
 import socket
 import tempfile
 from collections import OrderedDict
@@ -265,8 +266,9 @@ class RenderWorker:
         await asyncio.get_running_loop().run_in_executor(self._thread, self.ensure_started)
 
     def forget(self, path: Path) -> None:
-        """Remove a page file the child was asked to write, once it is done with the request
-        (it may still write the file after the task that asked was cancelled)."""
+        """Remove a page file (or a pictures folder) the child was asked to write, once it
+        is done with the request (it may still write after the task that asked was
+        cancelled)."""
         exchange = self._exchange
         if exchange is None or exchange.done():
             self._thread.submit(_remove_quietly, path)
@@ -413,12 +415,21 @@ class RenderPool:
             reply = await worker.request(request, PdfWritten, "the searchable PDF", seconds)
             return reply.result
 
-    async def office(self, source: SourceFile) -> OfficeRead:
+    async def office(self, source: SourceFile, pictures_folder: Path | None = None) -> OfficeRead:
         """An office document or web page checked and converted by a worker (any), within
-        a page's time limit (twice, with the opening: docling's first import is slow)."""
-        request = ReadOffice(source.key)
+        a page's time limit (twice, with the opening: docling's first import is slow). Its
+        pictures are written into `pictures_folder` (made here), where one is given: the
+        daemon loads each only when the engine takes it."""
+        if pictures_folder is not None:
+            pictures_folder.mkdir(parents=True, exist_ok=True)
+        request = ReadOffice(source.key, pictures_folder)
         async with self._worker(None) as worker:
-            reply = await worker.request(request, OfficeConverted, "converting the document")
+            try:
+                reply = await worker.request(request, OfficeConverted, "converting the document")
+            except BaseException:
+                if pictures_folder is not None:
+                    worker.forget(pictures_folder)
+                raise
             return reply.read
 
     def shutdown(self) -> None:
@@ -434,5 +445,9 @@ def _seen(exchange: asyncio.Task[Reply]) -> None:
 
 
 def _remove_quietly(path: Path) -> None:
+    """A page file, or a folder of an office document's pictures, removed."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+        return
     with contextlib.suppress(OSError):
         path.unlink()

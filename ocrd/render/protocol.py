@@ -108,6 +108,7 @@ class ReadOffice:
     """An office document or web page, checked and converted by docling (`ocrd/office/`)."""
 
     source: SourceKey
+    pictures_folder: Path | None = None  # its pictures are written here, as PPM files
 
 
 Request = Ping | Open | RenderPage | ReadTextLayer | CutFigures | WriteSearchablePdf | ReadOffice

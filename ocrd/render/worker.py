@@ -104,8 +104,8 @@ class _Worker:
                 return FiguresCut(self.source(key).figures(page, boxes, dpi, folder, request.names))
             case WriteSearchablePdf():
                 return PdfWritten(self.searchable_pdf(request))
-            case ReadOffice(source=key):
-                return OfficeConverted(self.office(key))
+            case ReadOffice(source=key, pictures_folder=folder):
+                return OfficeConverted(self.office(key, folder))
         raise TypeError(f"not a render request: {request!r}")
 
     def write_page_file(self, page: RenderedPage, path: Path) -> RenderedPage:
@@ -129,13 +129,14 @@ class _Worker:
             return page
         return replace(page, payload=None, file=path)
 
-    def office(self, key: SourceKey) -> OfficeRead:
+    def office(self, key: SourceKey, pictures_folder: Path | None) -> OfficeRead:
         """An office document or web page, checked and converted (never opened as a source
-        kept open: it is read once)."""
+        kept open: it is read once); its pictures written into `pictures_folder`."""
         root = Path(key.root) if key.root is not None else None
+        max_pixels = self.limits.max_page_pixels
         try:
             return read_office(
-                Path(key.path), key.format, root, DEFAULT_LIMITS, self.limits.max_page_pixels
+                Path(key.path), key.format, root, DEFAULT_LIMITS, max_pixels, pictures_folder
             )
         except OfficeRefused as error:
             raise RenderError(str(error), code=RenderFailure(error.code.value)) from None
