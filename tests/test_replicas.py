@@ -582,6 +582,16 @@ def test_each_vllm_replica_serves_with_the_recipes_settings_on_a_private_socket(
     assert "--api-key" not in argv  # the key travels in the environment, not in `ps`
 
 
+def test_a_vllm_replica_runs_the_models_own_python_files_only_when_told() -> None:
+    from ocrd.config import VllmConfig
+    from ocrd.engines.replicas import vllm_serve_argv
+
+    socket, media = Path("/run/x/gpu0.sock"), Path("/run/x/pages")
+    assert "--trust-remote-code" not in vllm_serve_argv(VllmConfig(model="m"), socket, media)
+    trusted = VllmConfig(model="m", trust_remote_code=True)
+    assert "--trust-remote-code" in vllm_serve_argv(trusted, socket, media)
+
+
 def test_a_page_a_worker_wrote_into_the_engines_page_folder_is_sent_as_it_is() -> None:
     """The hook for render workers that write pages where the replicas read them: the
     daemon then copies no pixels; the file is the engine's once handed over."""

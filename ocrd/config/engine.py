@@ -48,6 +48,9 @@ class VllmConfig(Strict):
     load_format: str = "auto"
     kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = None
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    # Run the Python files in the model's folder (its config and processor classes): models
+    # that transformers does not know yet (PaddleOCR-VL on transformers 4) need it.
+    trust_remote_code: bool = False
 
     @model_validator(mode="after")
     def _whole_replicas(self) -> VllmConfig:

@@ -235,6 +235,8 @@ def vllm_serve_argv(
         argv += ["--tokenizer", config.tokenizer]
     if config.enforce_eager:
         argv.append("--enforce-eager")
+    if config.trust_remote_code:
+        argv.append("--trust-remote-code")
     if config.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
     return argv

@@ -104,6 +104,7 @@ class VllmEngine(InProcess):
             limit_mm_per_prompt={"image": 1},
             scheduling_policy="priority",
             disable_log_stats=False,  # keeps the per-request engine timestamps
+            trust_remote_code=config.trust_remote_code,
             **optional,
         )
 
@@ -141,7 +142,9 @@ class VllmEngine(InProcess):
             from transformers import AutoProcessor
 
             self._processor = await asyncio.to_thread(
-                AutoProcessor.from_pretrained, self.config.tokenizer or self.config.model
+                AutoProcessor.from_pretrained,
+                self.config.tokenizer or self.config.model,
+                trust_remote_code=self.config.trust_remote_code,
             )
         content: list[dict[str, str]] = [{"type": "image"}]
         if prompt:
