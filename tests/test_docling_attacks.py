@@ -20,6 +20,10 @@ from conftest import DaemonProcess, write_config
 from test_http import outward_address
 from test_uploads import TOKEN, WITH_TOKEN, base_url
 
+from ocrd.domain import InputFormat
+from ocrd.office.inspect import check_document
+from ocrd.office.limits import OfficeLimits, OfficeRefused
+
 pytestmark = pytest.mark.slow
 
 KEY = {"X-Api-Key": TOKEN}
@@ -247,3 +251,14 @@ def test_a_markdown_file_of_more_paragraphs_than_a_word_file_may_hold_is_refused
     assert status["task_status"] == "failure", status
     assert "paragraph" in status["error_message"], status
     still_serving(daemon, url)
+
+
+def test_markdown_elements_are_counted_as_a_reader_starts_them() -> None:
+    """Wrapped lines of one paragraph count once; each paragraph, item, quote, heading and
+    table row once: the bound refuses a flood, not a long hard-wrapped text."""
+    limits = OfficeLimits(max_elements=4)
+    wrapped = b"# Title\n\n" + b"a long paragraph wrapped\n" * 1000 + b"\n- item\n> quote\n"
+    check_document(wrapped, InputFormat.md, limits)
+    for flood in (b"a\n\nb\n\nc\n\nd\n\ne\n", b"- a\n- b\n- c\n- d\n- e\n", b"|a|\n" * 5):
+        with pytest.raises(OfficeRefused, match="more than 4 paragraphs"):
+            check_document(flood, InputFormat.md, limits)
