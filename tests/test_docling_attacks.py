@@ -262,3 +262,28 @@ def test_markdown_elements_are_counted_as_a_reader_starts_them() -> None:
     for flood in (b"a\n\nb\n\nc\n\nd\n\ne\n", b"- a\n- b\n- c\n- d\n- e\n", b"|a|\n" * 5):
         with pytest.raises(OfficeRefused, match="more than 4 paragraphs"):
             check_document(flood, InputFormat.md, limits)
+    check_document(
+        b"<div><p>a<b>b</b><i>c</i><span>d</span></p><li>e</li></div>", InputFormat.html, limits
+    )
+    with pytest.raises(OfficeRefused, match="more than 4 paragraphs"):
+        check_document(b"<P>a<p>b<H1>c</h1><li>d<TR><td>e", InputFormat.html, limits)
+
+
+def test_a_web_page_of_more_paragraphs_than_a_word_file_may_hold_is_refused(
+    served: tuple[DaemonProcess, str],
+) -> None:
+    """The same flood as a web page (1.3 MB of `<p>`) held a worker about two minutes and
+    the daemon about 1 GB: it is refused for its paragraphs, naming them."""
+    daemon, url = served
+    page = "".join(f"<p>w{index}</p>" for index in range(MAX_ELEMENTS + 1))
+    submitted = httpx.post(
+        f"{url}/v1/chunk/hierarchical/file/async",
+        headers=KEY,
+        files={"files": ("many.html", f"<html><body>{page}</body></html>".encode())},
+        timeout=60,
+    )
+    assert submitted.status_code == 200, submitted.text
+    status = settled(url, submitted.json()["task_id"])
+    assert status["task_status"] == "failure", status
+    assert "paragraph" in status["error_message"], status
+    still_serving(daemon, url)

@@ -18,6 +18,7 @@ from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 from ocrd.office.shape import (
     check_elements,
     check_html_depth,
+    check_html_elements,
     check_markdown_depth,
     check_markdown_elements,
 )
@@ -44,6 +45,7 @@ def check_document(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
     elif fmt is InputFormat.html:
         check_cells(len(_HTML_CELL.findall(data)), "web page's tables", limits)
         check_html_depth(data, limits)
+        check_html_elements(data, limits)
     elif fmt is InputFormat.md:
         check_markdown_depth(data, limits)
         check_markdown_elements(data, limits)

@@ -25,6 +25,9 @@ _FLAT = frozenset(
     b"area base br col embed hr img input link meta source track wbr p li dt dd tr td th "
     b"option optgroup thead tbody tfoot colgroup caption rb rt rp html head body".split()
 )
+_HTML_BLOCK = re.compile(
+    rb"<(?:p|li|h[1-6]|tr|dt|dd|pre|blockquote|div|figure|img)[\s>/]", re.IGNORECASE
+)
 _MARKDOWN_ITEM = re.compile(rb"[|#>]|(?:[-*+]|[0-9]{1,9}[.)])(?=[ \t]|$)")
 _MARKDOWN_PREFIX = re.compile(rb"[ \t]*(?:>|(?:[-*+]|[0-9]{1,9}[.)])(?=[ \t]|$))")
 
@@ -68,6 +71,18 @@ def check_markdown_elements(data: bytes, limits: OfficeLimits) -> None:
                     OfficeRefusal.too_large,
                 )
         blank = not stripped
+
+
+def check_html_elements(data: bytes, limits: OfficeLimits) -> None:
+    """OfficeRefused where a page opens more than `max_elements` of the blocks docling makes
+    an item of each (paragraphs, list items, headings, rows, ...); cells are counted apart."""
+    for counted, _ in enumerate(_HTML_BLOCK.finditer(data), start=1):
+        if counted > limits.max_elements:
+            raise OfficeRefused(
+                f"it holds more than {limits.max_elements} paragraphs, list items, headings "
+                "and table rows; ocrd converts no document that large in elements: split it",
+                OfficeRefusal.too_large,
+            )
 
 
 def check_part_ratio(name: str, unpacked: int, packed: int, limits: OfficeLimits) -> None:
