@@ -15,7 +15,13 @@ from xml.etree import ElementTree
 from ocrd.domain import InputFormat
 from ocrd.office.detect import list_zip, read_part, refuse_declarations, zip_format
 from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
-from ocrd.office.shape import check_elements, check_html_depth, check_markdown_depth
+from ocrd.office.shape import (
+    check_elements,
+    check_html_depth,
+    check_html_elements,
+    check_markdown_depth,
+    check_markdown_elements,
+)
 
 XML_SUFFIXES = (".xml", ".rels", ".vml")
 # External relationships no reader loads: a hyperlink (followed by a reader's click) and
@@ -39,8 +45,10 @@ def check_document(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> None:
     elif fmt is InputFormat.html:
         check_cells(len(_HTML_CELL.findall(data)), "web page's tables", limits)
         check_html_depth(data, limits)
+        check_html_elements(data, limits)
     elif fmt is InputFormat.md:
         check_markdown_depth(data, limits)
+        check_markdown_elements(data, limits)
 
 
 def check_cells(cells: int, what: str, limits: OfficeLimits) -> None:

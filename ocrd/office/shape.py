@@ -25,6 +25,10 @@ _FLAT = frozenset(
     b"area base br col embed hr img input link meta source track wbr p li dt dd tr td th "
     b"option optgroup thead tbody tfoot colgroup caption rb rt rp html head body".split()
 )
+_HTML_BLOCK = re.compile(
+    rb"<(?:p|li|h[1-6]|tr|dt|dd|pre|blockquote|div|figure|img)[\s>/]", re.IGNORECASE
+)
+_MARKDOWN_ITEM = re.compile(rb"[|#>]|(?:[-*+]|[0-9]{1,9}[.)])(?=[ \t]|$)")
 _MARKDOWN_PREFIX = re.compile(rb"[ \t]*(?:>|(?:[-*+]|[0-9]{1,9}[.)])(?=[ \t]|$))")
 
 
@@ -49,6 +53,36 @@ def check_elements(part: bytes, name: str, counted: int, limits: OfficeLimits) -
                 OfficeRefusal.too_large,
             )
     return counted
+
+
+def check_markdown_elements(data: bytes, limits: OfficeLimits) -> None:
+    """OfficeRefused where a Markdown file starts more than `max_elements` paragraphs, list
+    items, quotes, headings and table rows (as a Word file's paragraphs are counted): its
+    lines of wrapped text count once, each line after a blank one or starting an item once."""
+    counted, blank = 0, True
+    for line in data.splitlines():
+        stripped = line.lstrip(b" \t")
+        if stripped and (blank or _MARKDOWN_ITEM.match(stripped)):
+            counted += 1
+            if counted > limits.max_elements:
+                raise OfficeRefused(
+                    f"it holds more than {limits.max_elements} paragraphs, list items and "
+                    "table rows; ocrd converts no document that large in elements: split it",
+                    OfficeRefusal.too_large,
+                )
+        blank = not stripped
+
+
+def check_html_elements(data: bytes, limits: OfficeLimits) -> None:
+    """OfficeRefused where a page opens more than `max_elements` of the blocks docling makes
+    an item of each (paragraphs, list items, headings, rows, ...); cells are counted apart."""
+    for counted, _ in enumerate(_HTML_BLOCK.finditer(data), start=1):
+        if counted > limits.max_elements:
+            raise OfficeRefused(
+                f"it holds more than {limits.max_elements} paragraphs, list items, headings "
+                "and table rows; ocrd converts no document that large in elements: split it",
+                OfficeRefusal.too_large,
+            )
 
 
 def check_part_ratio(name: str, unpacked: int, packed: int, limits: OfficeLimits) -> None:
