@@ -169,7 +169,7 @@ CHUNKING = {
     "include_raw_text": {"type": "boolean", "default": False},
     "max_tokens": {
         "type": ["integer", "null"],
-        "minimum": 1,
+        "minimum": 16,
         "maximum": 1000000,
         "description": "hybrid only; tokens counted without a downloaded vocabulary",
     },

@@ -32,6 +32,11 @@ MAX_PLACEHOLDER_CHARS = 1000
 _PIECES = re.compile(r"[^\W\d_]{1,6}|\d{1,3}|[^\w\s]|_")
 
 
+# Each chunk carries about 200 bytes of JSON besides its text: chunks of a token or two would
+# make an answer some 40 times its document's text, rebuilt at every fetch of the result.
+MIN_MAX_TOKENS = 16
+
+
 class ChunkingOptions(BaseModel):
     """docling-serve's chunking options (HybridChunkerOptions, HierarchicalChunkerOptions)."""
 
@@ -42,7 +47,7 @@ class ChunkingOptions(BaseModel):
     use_markdown_images: bool = False
     image_placeholder: str = Field(default=DEFAULT_PLACEHOLDER, max_length=MAX_PLACEHOLDER_CHARS)
     include_raw_text: bool = False
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_tokens: int | None = Field(default=None, ge=MIN_MAX_TOKENS, le=1_000_000)
     tokenizer: str = DEFAULT_TOKENIZER
     merge_peers: bool = True
 
