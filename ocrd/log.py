@@ -49,6 +49,12 @@ def _writes_to_terminal(handler: logging.Handler) -> bool:
     )
 
 
+# A library's message may hold what it was given: watchdog's warning about a watch held
+# every path under the inbox (200 KB a line once a member had renamed folders in a loop),
+# past what journald keeps of a line (48 KB) and enough to bury the events around it.
+MAX_LIBRARY_MESSAGE_CHARS = 2000
+
+
 def _adopt_existing_loggers() -> None:
     """Loggers libraries made before logging was configured: the same as `_LibraryLogger`."""
     for logger in list(logging.Logger.manager.loggerDict.values()):
@@ -63,6 +69,9 @@ def _library_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableM
     record = event.get("_record")
     name = record.name if record is not None else "?"
     message = _CONTROLS.sub(" ", _ANSI.sub("", str(event.get("event", "")))).strip()
+    if len(message) > MAX_LIBRARY_MESSAGE_CHARS:
+        cut = len(message) - MAX_LIBRARY_MESSAGE_CHARS
+        message = f"{message[:MAX_LIBRARY_MESSAGE_CHARS]} ... ({cut} characters more left out)"
     event["event"] = "python.warning" if name == "py.warnings" else "library.log"
     event["logger"] = name
     event["message"] = message

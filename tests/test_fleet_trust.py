@@ -150,8 +150,10 @@ def test_a_worker_that_reads_only_the_check_is_caught_by_a_later_unannounced_che
     assert finished[0]["outcome"] == "done"
     outbox = "\n".join(p.read_text() for p in (tmp_path / "data" / "outbox").rglob("*.md"))
     assert GARBLE.strip()[:10] not in outbox
-    # It was checked twice (at its joining and unannounced) and got no page after that.
-    assert [test_page for _, test_page in cheat.answered()] == [True, True]
+    # It was checked at its joining and then unannounced, and after that was sent no page:
+    # only the rechecks a garbled server gets (at most `repeat` apart).
+    answered = [test_page for _, test_page in cheat.answered()]
+    assert answered[:2] == [True, True] and all(answered), answered
 
 
 def page(number: int) -> PageImage:

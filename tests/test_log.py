@@ -32,6 +32,7 @@ try:
     1 / 0
 except ZeroDivisionError:
     logging.getLogger("asyncio").exception("Task exception was never retrieved")
+logging.getLogger("some.chatty.library").warning("watch " + "/inbox/aside-1" * 20000)
 get_logger().info("ocrd.own", answer=42)
 """
 
@@ -63,6 +64,10 @@ def test_libraries_and_warnings_become_events(tmp_path: Path) -> None:
     assert not any("Using engine_name" in str(e) for e in events)
     assert any(e["event"] == "ocrd.own" and e["answer"] == 42 for e in events)
     assert "\x1b" not in result.stderr
+    # A library's 280,000-character message (as watchdog's naming every watched folder) is cut.
+    long = by_logger["some.chatty.library"]["message"]
+    assert long.startswith("watch /inbox/aside-1") and len(long) < 2100
+    assert long.endswith("(278006 characters more left out)")
 
 
 def test_the_daemon_with_rapidocr_writes_only_events(tmp_path: Path, start_daemon: Any) -> None:
