@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ocrd.files.moves import fsync_dir, rename_checked, rename_new
 from ocrd.files.temporaries import temporary_path
@@ -31,6 +32,23 @@ def _durable_temporary(
     finally:
         os.close(fd)
     return temporary
+
+
+def write_scratch_file(path: Path, write: Callable[[BinaryIO], None]) -> bool:
+    """`path` made new, readable by ocrd alone (never through a link planted at its name),
+    and filled by `write`; False, with nothing left behind, where that failed (a full
+    tmpfs): the caller keeps the data in memory instead."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        with open(fd, "wb") as out:
+            write(out)
+    except OSError:
+        path.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def write_new_file(target: Path, data: bytes) -> None:

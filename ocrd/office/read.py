@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from PIL import Image
 
 from ocrd.domain import InputFormat
 from ocrd.files.dropped import opened
+from ocrd.files.writes import write_scratch_file
 from ocrd.office.inspect import check_document
 from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 
@@ -144,17 +144,7 @@ def convert(data: bytes, fmt: InputFormat) -> DoclingDocument:
 
 def picture_file(image: Image.Image, path: Path) -> Path | None:
     """The picture written to `path` as a PPM file (None where that failed)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return None
-    try:
-        with open(fd, "wb") as out:
-            image.save(out, "PPM")
-    except OSError:
-        path.unlink(missing_ok=True)
-        return None
-    return path
+    return path if write_scratch_file(path, lambda out: image.save(out, "PPM")) else None
 
 
 def kept_picture(ref: str, image: Image.Image, path: Path | None) -> OfficePicture:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing.connection
-import os
 import resource
 import signal
 from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 from ocrd.config import PdfLines
 from ocrd.domain import InputFormat, TextLayer
+from ocrd.files.writes import write_scratch_file
 from ocrd.office.limits import DEFAULT_LIMITS, OfficeRefused
 from ocrd.office.read import OfficeRead, read_office
 from ocrd.output.linefind import LineFinder
@@ -111,21 +112,16 @@ class _Worker:
     def write_page_file(self, page: RenderedPage, path: Path) -> RenderedPage:
         """The page's pixels written to `path` as a PPM file; where that fails (a full
         tmpfs), they stay where they are and travel as before."""
-        header = f"P6\n{page.width} {page.height}\n255\n".encode()
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except OSError:
-            return page
-        try:
-            with open(fd, "wb") as out:
-                out.write(header)
-                if page.payload is not None:
-                    out.write(page.payload)
-                else:
-                    with memoryview(self.buffer)[: page.size] as pixels:
-                        out.write(pixels)
-        except OSError:
-            path.unlink(missing_ok=True)
+
+        def write(out: BinaryIO) -> None:
+            out.write(f"P6\n{page.width} {page.height}\n255\n".encode())
+            if page.payload is not None:
+                out.write(page.payload)
+            else:
+                with memoryview(self.buffer)[: page.size] as pixels:
+                    out.write(pixels)
+
+        if not write_scratch_file(path, write):
             return page
         return replace(page, payload=None, file=path)
 

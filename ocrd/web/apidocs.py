@@ -176,6 +176,12 @@ CHUNKING = {
     "tokenizer": {"const": "sentence-transformers/all-MiniLM-L6-v2", "description": "hybrid only"},
     "merge_peers": {"type": "boolean", "default": True, "description": "hybrid only"},
 }
+# How a conversion ended, in a convert result and in each document of a chunk result.
+OUTCOME = {
+    "status": {"enum": ["success", "partial_success", "failure"]},
+    "errors": {"type": "array", "items": {"type": "object"}},
+    "timings": {"type": "object"},
+}
 SCHEMAS: dict[str, Any] = {
     "Detail": {"type": "object", "properties": {"detail": {"type": "string"}}},
     "Health": {
@@ -225,10 +231,8 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "document": {"$ref": REF.format("Document")},
-            "status": {"enum": ["success", "partial_success", "failure"]},
-            "errors": {"type": "array", "items": {"type": "object"}},
+            **OUTCOME,
             "processing_time": {"type": "number"},
-            "timings": {"type": "object"},
         },
     },
     "Document": {
@@ -254,9 +258,7 @@ SCHEMAS: dict[str, Any] = {
                     "properties": {
                         "kind": {"const": "ExportResult"},
                         "content": {"$ref": REF.format("Document")},
-                        "status": {"enum": ["success", "partial_success", "failure"]},
-                        "errors": {"type": "array", "items": {"type": "object"}},
-                        "timings": {"type": "object"},
+                        **OUTCOME,
                     },
                 },
             },
