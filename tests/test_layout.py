@@ -241,6 +241,36 @@ def test_a_detector_checkpoint_in_pickle_format_is_refused_with_the_reason(
     assert engine.detectors._all == []  # no detector process left behind
 
 
+def test_a_detector_checkpoint_with_remote_code_is_refused_and_its_code_never_runs(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint whose image processor and model are classes in its own Python file:
+    transformers would import that file; the detector refuses it instead (no remote code),
+    so a checkpoint is data, never a program."""
+    folder = build_tiny_detector(tmp_path / "remote", queries=4)
+    marker = tmp_path / "code-ran"
+    (folder / "acme_layout.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\nclass AcmeProcessor: ...\nclass Acme: ...\n"
+    )
+    for name, auto in (
+        ("preprocessor_config.json", {"AutoImageProcessor": "acme_layout.AcmeProcessor"}),
+        ("config.json", {"AutoModelForObjectDetection": "acme_layout.Acme"}),
+    ):
+        settings = json.loads((folder / name).read_text())
+        settings.pop("image_processor_type", None)  # nothing but the checkpoint's own code
+        (folder / name).write_text(json.dumps({**settings, "auto_map": auto}))
+    recipe = model("glm-ocr")
+    engine = LayoutEngine(
+        SimulatedEngine(SimulatedConfig(), recipe),
+        recipe,
+        LayoutConfig(detector=str(folder), device="cpu", timeout_seconds=120),
+    )
+    with pytest.raises(EngineStartError) as refused:
+        asyncio.run(engine.start())
+    assert "trust_remote_code" in str(refused.value)
+    assert not marker.exists()
+
+
 def test_a_detector_is_configured_per_model_and_refused_for_a_whole_page_model() -> None:
     config = EngineConfig.model_validate(
         {

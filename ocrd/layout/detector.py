@@ -55,7 +55,10 @@ class Detector:
         self.device = settings.device
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.processor = AutoImageProcessor.from_pretrained(settings.source)  # type: ignore[no-untyped-call]
+        # trust_remote_code unset would ask on the terminal (or fail without one): refused here
+        self.processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+            settings.source, trust_remote_code=False
+        )
         self.model = AutoModelForObjectDetection.from_pretrained(
             settings.source, use_safetensors=True, trust_remote_code=False
         )
