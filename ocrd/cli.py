@@ -71,9 +71,10 @@ def configure_logging(log_format: str, log_level: str) -> None:
     configure(log_format, log_level)  # type: ignore[arg-type]
 
 
-def _load(path: Path, strict: bool = False) -> Config:
-    """The configuration, or exit 78 with the reason; `strict`: also refuse a file or hook
-    program that others than this user and root may change (ocrd/config/strict.py)."""
+def _load(path: Path, strict: bool = False, engine_kind: str | None = None) -> Config:
+    """The configuration, or exit 78 with the reason; `strict`: also refuse a file, hook
+    program or model folder (of `engine_kind`'s engines where `--engine` names one) that
+    others than this user and root may change (ocrd/config/strict.py)."""
     from ocrd.config import ConfigError, load_config
     from ocrd.config.strict import strict_mode_problems
 
@@ -82,7 +83,7 @@ def _load(path: Path, strict: bool = False) -> Config:
     except ConfigError as error:
         click.echo(f"ocrd: {error}", err=True)
         sys.exit(EXIT_CONFIG)
-    refused = strict_mode_problems(path, config) if strict else []
+    refused = strict_mode_problems(path, config, engine_kind) if strict else []
     for line in refused:
         click.echo(f"ocrd: {path}: {line}", err=True)
     if refused:
@@ -124,7 +125,7 @@ def run(config_path: Path, engine: str | None, log_format: str, log_level: str) 
     from ocrd.daemon import Daemon
 
     configure_logging(log_format, log_level)
-    config = _load(config_path, strict=True)
+    config = _load(config_path, strict=True, engine_kind=engine)
     sys.exit(asyncio.run(Daemon(config, engine, config_path, early).run()))
 
 

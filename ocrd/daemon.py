@@ -233,6 +233,7 @@ class Daemon:
         service = Service(
             config=self.config,
             config_path=self.config_path,
+            engine_kind=self.engine_kind,
             engine=engine,
             pipeline=pipeline,
             runner=runner,

@@ -69,6 +69,7 @@ class Service:
     web: WebServer
     stopping: asyncio.Event
     instances: Instances
+    engine_kind: str | None = None  # `ocrd run --engine`: its model folders are judged
 
     def __post_init__(self) -> None:
         self.log = get_logger()
@@ -194,7 +195,8 @@ class Service:
         if self.config_path is None:
             raise ConfigError("no configuration file to re-read")
         new = load_config(self.config_path)
-        problems = strict_mode_problems(self.config_path, new) + checks.problems(new)
+        problems = strict_mode_problems(self.config_path, new, self.engine_kind)
+        problems += checks.problems(new)
         if problems:
             raise ConfigError("\n".join(problems))
         return new

@@ -195,6 +195,9 @@ EngineKind = Literal["auto", "vllm", "openai", "rapidocr", "simulated"]
 DEFAULT_MODEL = "deepseek-ocr-2"  # ocrd.models.DEFAULT (config sits below the models)
 
 
+PUBLISHED_DETECTOR = "published"  # layout.detector: the checkpoint the model's pipeline names
+
+
 class LayoutConfig(Strict):
     """The layout stage of a model whose published pipeline has one (PaddleOCR-VL-1.5,
     GLM-OCR; ocrd/engines/layout.py): a detector finds the page's regions, each region

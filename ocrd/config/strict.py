@@ -1,5 +1,6 @@
 """StrictModes, as sshd's: the configuration file, and the hook programs and scripts it
-names, must be writable only by ocrd's user and root.
+names, must be writable only by ocrd's user and root; so must the folders it loads models
+from (ocrd/config/strict_models.py).
 
 Whoever may change the configuration decides which programs ocrd runs (hooks) and where it
 moves files; whoever may change a hook program runs code as ocrd's user. So a file that
@@ -11,7 +12,6 @@ program became writable by others since is not run.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import shlex
@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 
 from ocrd.config.loading import Config
-from ocrd.files.permissions import may_be_replaced_by_others, user_name
+from ocrd.config.strict_models import model_folder_problems
+from ocrd.files.permissions import user_name, why_others_may_change
 
 # Programs whose first file argument is the code they run: `python3 /srv/hooks/notify.py`
 # runs notify.py, which counts as the hook's program as much as python3 does.
@@ -36,14 +37,15 @@ RUNNER = re.compile(
 # `env -S 'python3 /srv/x.py'`): its words are looked at as arguments too.
 SPLITS_ARGUMENTS = re.compile(r"(?:ba|da|z|k|mk|a|c|tc)?sh|fish|env|busybox")
 
-MAX_LINKS = 40  # symbolic links followed on the way to a file, as the kernel does (ELOOP)
 
-
-def strict_mode_problems(config_path: Path, config: Config) -> list[str]:
-    """A line for the configuration file and for each hook file that others than ocrd's
+def strict_mode_problems(
+    config_path: Path, config: Config, engine_kind: str | None = None
+) -> list[str]:
+    """A line for the configuration file, each hook file and each model folder (of the
+    engine kind `ocrd run --engine` chose, or the configuration's) that others than ocrd's
     user and root may change, naming who and what to do."""
     problems = []
-    why = _why_unsafe(config_path)
+    why = why_others_may_change(config_path, os.geteuid())
     if why is not None:
         problems.append(_refusal("configuration file", config_path, why))
     for number, inbox in enumerate(config.inboxes):
@@ -52,11 +54,11 @@ def strict_mode_problems(config_path: Path, config: Config) -> list[str]:
             if hook is None or hook.command is None:
                 continue
             for path in hook_files(hook.command):
-                why = _why_unsafe(path)
+                why = why_others_may_change(path, os.geteuid())
                 if why is not None:
                     what = f"hook program (inboxes[{number}].hooks.{event}.command)"
                     problems.append(_refusal(what, path, why))
-    return problems
+    return problems + model_folder_problems(config.engine, engine_kind)
 
 
 def checked_command(command: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
@@ -71,7 +73,7 @@ def checked_command(command: tuple[str, ...]) -> tuple[tuple[str, ...], str | No
 def hook_problem(command: tuple[str, ...]) -> str | None:
     """Why a hook command must not run now (a file of it others may change), or None."""
     for path in hook_files(command):
-        why = _why_unsafe(path)
+        why = why_others_may_change(path, os.geteuid())
         if why is not None:
             return _refusal("hook program", path, why)
     return None
@@ -120,46 +122,6 @@ def _words(arguments: tuple[str, ...]) -> list[str]:
             split = code.split()
         words.extend(word for word in split if word != argument)
     return words
-
-
-def _why_unsafe(path: Path) -> str | None:
-    """Who else may change `path`: the file it finally names, and where symbolic links lead
-    to it (/usr/bin/python3, a linked /etc/ocrd), each folder holding one of them, which
-    decides where it points."""
-    path = Path(os.path.abspath(path))
-    target = Path(os.path.realpath(path))
-    try:
-        why = may_be_replaced_by_others(target, os.geteuid())
-        for folder in _folders_of_links(path):
-            why = why or may_be_replaced_by_others(folder, os.geteuid())
-        return why
-    except OSError as error:
-        return f"it cannot be looked at ({error.strerror})"
-
-
-def _folders_of_links(path: Path) -> list[Path]:
-    """The real folders that hold the symbolic links met on the way to `path`, each hop of
-    a chain of them (a link in a folder others may write can be pointed elsewhere)."""
-    folders: list[Path] = []
-    current, parts = Path("/"), list(path.parts[1:])
-    while parts:
-        part = parts.pop(0)
-        if part in (".", ""):
-            continue
-        if part == "..":
-            current = current.parent
-            continue
-        step = current / part
-        if not step.is_symlink():
-            current = step
-            continue
-        if len(folders) >= MAX_LINKS:
-            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-        folders.append(current)
-        link = Path(os.readlink(step))
-        parts = list(link.parts[1:] if link.is_absolute() else link.parts) + parts
-        current = Path("/") if link.is_absolute() else current
-    return folders
 
 
 def _refusal(what: str, path: Path, why: str) -> str:

@@ -29,13 +29,13 @@ from pathlib import Path
 from PIL import Image
 
 from ocrd.config import LayoutConfig, PromptMode
+from ocrd.config.engine import PUBLISHED_DETECTOR
 from ocrd.domain import PageImage, PageText
 from ocrd.engines.base import Engine, EngineError, EngineHealth, EngineStartError, ReplicaFacts
 from ocrd.layout import DetectorError, Detectors, DetectorSettings, Region, cleaned, reading_order
 from ocrd.models import Layout, Model, RegionKind
 from ocrd.text.grounding import Block, Box
 
-PUBLISHED = "published"  # engine.layout.detector: the checkpoint the model's pipeline names
 HEADINGS = {"title": "# ", "sub_title": "## "}
 
 
@@ -50,7 +50,7 @@ def detector_settings(recipe: Model, settings: LayoutConfig) -> DetectorSettings
         )
     if settings.detector is None:
         raise ValueError("engine.layout.detector is not set")
-    source = layout.detector if settings.detector == PUBLISHED else settings.detector
+    source = layout.detector if settings.detector == PUBLISHED_DETECTOR else settings.detector
     threshold = layout.threshold if settings.threshold is None else settings.threshold
     return DetectorSettings(source, threshold, settings.device, settings.max_regions)
 

@@ -24,6 +24,7 @@ _HEADER = struct.Struct("<I")
 _ENTRY = struct.Struct("<HHI")
 USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
 WRITE = 0o2
+MAX_LINKS = 40  # symbolic links followed on the way to a file, as the kernel does (ELOOP)
 # Filesystems without ACLs, and files without an ACL of the kind asked for.
 _NO_ACL = frozenset({errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
@@ -118,6 +119,47 @@ def may_be_replaced_by_others(path: Path, uid: int) -> str | None:
         if why is not None and not sticky:
             return f"{folder}, a folder on its way: {why} (and so move {path} away)"
     return None
+
+
+def why_others_may_change(path: Path, uid: int) -> str | None:
+    """Who other than user `uid` (and root) may change `path`, in words, or None: the file
+    it finally names, and where symbolic links lead to it (/usr/bin/python3, a linked
+    /etc/ocrd), each folder holding one of them, which decides where it points. A path
+    that cannot be looked at (missing, a loop of links) is named so."""
+    path = Path(os.path.abspath(path))
+    target = Path(os.path.realpath(path))
+    try:
+        why = may_be_replaced_by_others(target, uid)
+        for folder in _folders_of_links(path):
+            why = why or may_be_replaced_by_others(folder, uid)
+        return why
+    except OSError as error:
+        return f"it cannot be looked at ({error.strerror})"
+
+
+def _folders_of_links(path: Path) -> list[Path]:
+    """The real folders that hold the symbolic links met on the way to `path`, each hop of
+    a chain of them (a link in a folder others may write can be pointed elsewhere)."""
+    folders: list[Path] = []
+    current, parts = Path("/"), list(path.parts[1:])
+    while parts:
+        part = parts.pop(0)
+        if part in (".", ""):
+            continue
+        if part == "..":
+            current = current.parent
+            continue
+        step = current / part
+        if not step.is_symlink():
+            current = step
+            continue
+        if len(folders) >= MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        folders.append(current)
+        link = Path(os.readlink(step))
+        parts = list(link.parts[1:] if link.is_absolute() else link.parts) + parts
+        current = Path("/") if link.is_absolute() else current
+    return folders
 
 
 def _private_group(gid: int, uid: int) -> bool:
