@@ -14,8 +14,9 @@ For each model:
 (b) daemon: `ocrd run` with that engine section and an inbox on that model, the same PDFs
     dropped at once into its inbox; timed from the drop to the last document settled
     (rendering, writing the Markdown and settling included).
-Each side reads one warm-up page first (the first request of an engine pays one-time costs),
-then the same pages `--rounds` times; its engine is shut down before the other side starts
+Each side reads a warm-up document of `--max-num-seqs` pages first (an engine's first full
+batch pays one-time costs: the first timed round after a single warm-up page was half again
+as long as the second on both sides), then the same pages `--rounds` times; its engine is shut down before the other side starts
 (2 cores, a few GiB each). (b)/(a) in pages/s, from each side's best round (the one least
 disturbed by other work on a shared machine), is the share of the engine's throughput the
 daemon delivers.
@@ -23,6 +24,13 @@ daemon delivers.
 The pages are the throughput benchmark's A5 PDFs (tests/helpers.make_pdf). The models are
 tests/tiny_model.py's DeepSeek-OCR-2 and tests/tiny_models.py's others: their text is noise
 that never ends by itself, so each page costs exactly `--max-tokens` output tokens.
+
+`--engine-cpus 0` gives vLLM's engine process core 0 (VLLM_CPU_OMP_THREADS_BIND) and everything
+else, this script or the daemon with its render workers, the other cores, on both sides: as on
+a GPU server, where the engine's device is its own and ocrd renders and writes on the CPU. On
+a shared 2-core CPU without it, each page ocrd renders takes a core from one of the engine's
+two OpenMP threads, and the other waits at the next barrier: the engine process then spends
+more CPU on the same pages, which measures the CPU's sharing, not the daemon's batching.
 """
 
 from __future__ import annotations
@@ -86,6 +94,7 @@ class Round:
     seconds: float
     engine_cpu: float  # CPU seconds of vLLM's engine process in the round
     client_cpu: float  # of everything else: the daemon and its render workers, or this script
+    prompt_tokens: int  # of all the round's pages: both sides must send the engine the same
 
 
 @dataclass(frozen=True)
@@ -99,8 +108,12 @@ class Result:
         def side(rounds: list[Round]) -> str:
             return "; ".join(f"{r.engine_cpu:.1f} / {r.client_cpu:.1f}" for r in rounds)
 
+        def tokens(rounds: list[Round]) -> str:
+            return ", ".join(str(r.prompt_tokens) for r in rounds)
+
         return (
             f"  CPU s a round, engine / the rest: (a) {side(self.direct)}; (b) {side(self.daemon)}"
+            f"\n  prompt tokens a round: (a) {tokens(self.direct)}; (b) {tokens(self.daemon)}"
         )
 
     def row(self) -> str:
@@ -139,7 +152,7 @@ def engine_section(name: str, folder: Path, args: argparse.Namespace) -> dict[st
 
 
 async def direct_seconds(
-    section: dict[str, Any], pages: list[PageImage], warm: PageImage, rounds: int
+    section: dict[str, Any], pages: list[PageImage], warm: list[PageImage], rounds: int
 ) -> list[Round]:
     """Seconds for vLLM's async engine to answer every page, all submitted at once, in
     each of `rounds` rounds."""
@@ -151,30 +164,34 @@ async def direct_seconds(
     ocrd_engine = VllmEngine(config.vllm, config.sampling, recipe=recipe)
     prompt = await ocrd_engine.prompt_text(prompt_for(recipe, PromptMode.layout))
     params = ocrd_engine.sampling_params()
-    images = [fit_page(page, recipe).image for page in [warm, *pages]]
+    images = [fit_page(page, recipe).image for page in pages]
+    warm_images = [fit_page(page, recipe).image for page in warm]
     os.environ.update(kv_cache_environment(config.vllm))
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**ocrd_engine.engine_kwargs()))
 
-    async def read(number: int, image: Any) -> int:
+    async def read(number: int, image: Any) -> tuple[int, int]:
+        """The page's prompt and output tokens."""
         request = {"prompt": prompt, "multi_modal_data": {"image": image}}
         final = None
         async for output in engine.generate(request, params, f"page-{number}"):
             final = output
         assert final is not None and final.finished
-        return len(final.outputs[0].token_ids)
+        return len(final.prompt_token_ids or ()), len(final.outputs[0].token_ids)
 
     async def timed_round(first: int) -> Round:
         cpu_before = cpu_split(psutil.Process())
         started = time.monotonic()
-        batch = enumerate(images[1:], first)
+        batch = enumerate(images, first)
         tokens = await asyncio.gather(*(read(n, image) for n, image in batch))
         seconds = time.monotonic() - started
         cpu_after = cpu_split(psutil.Process())
-        assert len(tokens) == len(pages) and all(tokens), tokens
-        return Round(seconds, cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
+        assert len(tokens) == len(pages) and all(out for _, out in tokens), tokens
+        prompt_tokens = sum(prompt for prompt, _ in tokens)
+        engine_cpu, client_cpu = cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1]
+        return Round(seconds, engine_cpu, client_cpu, prompt_tokens)
 
     try:
-        await read(0, images[0])
+        await asyncio.gather(*(read(-n, image) for n, image in enumerate(warm_images, 1)))
         return [await timed_round(1 + r * len(pages)) for r in range(rounds)]
     finally:
         engine.shutdown()
@@ -207,7 +224,10 @@ def daemon_seconds(
             assert outcomes == {"done"}, outcomes
             seconds = max(event.at for event in this_round) - started
             cpu_after = cpu_split(root)
-            times.append(Round(seconds, cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1]))
+            engine_cpu, client_cpu = cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1]
+            pages = [e for e in daemon.find("page.recognised") if e.fields["path"] in names]
+            prompt_tokens = sum(int(e.fields["prompt_tokens"]) for e in pages)
+            times.append(Round(seconds, engine_cpu, client_cpu, prompt_tokens))
         return times
     finally:
         daemon.stop()
@@ -216,10 +236,10 @@ def daemon_seconds(
 def measure(name: str, args: argparse.Namespace, folder: Path) -> Result:
     section = engine_section(name, folder, args)
     documents = make_documents(folder / "pdfs", args.pages, -(-args.pages // args.documents))
-    [warm] = make_documents(folder / "warm", 1, 1)
+    [warm] = make_documents(folder / "warm", args.max_num_seqs, args.max_num_seqs)
     pages = asyncio.run(render_pages(documents, args.pages))
-    [warm_page] = asyncio.run(render_pages([warm], 1))
-    direct = asyncio.run(direct_seconds(section, pages, warm_page, args.rounds))
+    warm_pages = asyncio.run(render_pages([warm], args.max_num_seqs))
+    direct = asyncio.run(direct_seconds(section, pages, warm_pages, args.rounds))
     daemon = daemon_seconds(section, documents, warm, folder / "ocrd", args.rounds)
     return Result(name, len(pages), direct, daemon)
 
@@ -236,7 +256,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds a side; best kept")
+    parser.add_argument(
+        "--engine-cpus",
+        help="cores of the engine's process alone (VLLM_CPU_OMP_THREADS_BIND, e.g. 0); the "
+        "client and the daemon get the others",
+    )
     args = parser.parse_args()
+    if args.engine_cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        engine = {int(cpu) for cpu in args.engine_cpus.split(",")}
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - engine)  # inherited by the daemon
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.engine_cpus
     # The environment vLLM's CPU backend needs on a small machine (as the tests set it),
     # for this process too: the direct client preprocesses the images here, as the daemon
     # does in its own process, so both run with the same allocator and OpenMP.
@@ -249,7 +278,9 @@ def main() -> None:
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     print(
         f"tree {REPO}: {args.pages} pages in {args.documents} documents, at most 768 px, "
-        f"{args.max_tokens} tokens a page, max_num_seqs {args.max_num_seqs}"
+        f"{args.max_tokens} tokens a page, max_num_seqs {args.max_num_seqs}, engine on "
+        f"cores {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'all')}, the rest on "
+        f"{sorted(os.sched_getaffinity(0))}"
     )
     print("| model | pages | s a round, (a) / (b) | (a) pages/s | (b) pages/s | (b)/(a) |")
     print("| --- | --- | --- | --- | --- | --- |", flush=True)
