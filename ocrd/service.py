@@ -195,8 +195,10 @@ class Service:
         if self.config_path is None:
             raise ConfigError("no configuration file to re-read")
         new = load_config(self.config_path)
+        # A configuration refused for who may change it makes none of its folders.
         problems = strict_mode_problems(self.config_path, new, self.engine_kind)
-        problems += checks.problems(new)
+        if not problems:
+            problems = checks.problems(new)
         if problems:
             raise ConfigError("\n".join(problems))
         return new

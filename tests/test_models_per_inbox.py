@@ -388,7 +388,7 @@ def test_models_sharing_a_gpu_must_share_its_memory_out() -> None:
     shared = engine_of(
         {
             "kind": "vllm",
-            "vllm": {"gpus": [0], "gpu_memory_utilization": 0.55},
+            "vllm": {"gpus": [0], "gpu_memory_utilization": 0.55, "tokenizer": "/srv/ds-tok"},
             "models": {"lightonocr-2": {"vllm": {"gpu_memory_utilization": 0.3}}},
         }
     )
@@ -399,7 +399,9 @@ def test_models_sharing_a_gpu_must_share_its_memory_out() -> None:
         check_gpu_shares([(name, config.for_model(name)) for name in config.served_models])
     lighton = shared.for_model("lightonocr-2")
     assert lighton.vllm.gpus == (0,) and lighton.vllm.gpu_memory_utilization == 0.3
-    assert "model" not in lighton.vllm.model_fields_set  # the model's own weights, not DeepSeek's
+    # the model's own weights and tokenizer, not DeepSeek's
+    assert not {"model", "tokenizer"} & lighton.vllm.model_fields_set
+    assert shared.for_model("deepseek-ocr-2").vllm.tokenizer == "/srv/ds-tok"
 
 
 def test_a_journal_line_is_read_back_by_the_parser_of_the_model_that_wrote_it() -> None:

@@ -283,7 +283,8 @@ class EngineConfig(Strict):
         for part in ("sampling", "vllm", "openai", "simulated", "layout"):
             inherited = dict(merged.get(part, {}))
             if part in ("vllm", "openai"):
-                inherited.pop("model", None)  # another model's weights: never inherited
+                for own in ("model", "tokenizer"):  # another model's files: never inherited
+                    inherited.pop(own, None)
                 if part == "openai" and "router_url" in getattr(serving, part):
                     inherited.pop("base_urls", None)
             merged[part] = {**inherited, **getattr(serving, part)}
