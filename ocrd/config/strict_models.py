@@ -96,11 +96,12 @@ def _detector_folders(engine: EngineConfig, name: str, settings: EngineConfig) -
 
 def local_path(value: str | None) -> Path | None:
     """The local folder or file a model setting names, as vLLM and transformers take it (an
-    absolute path, or one that exists from the working folder); None for a hub name."""
+    absolute path, or one that exists from the working folder); None for a hub name. A `..`
+    is kept: after a link it leads where the link leads, not where abspath would say."""
     if not value:
         return None
     if os.path.isabs(value) or os.path.exists(value):
-        return Path(os.path.abspath(value))
+        return Path(os.getcwd(), value)
     return None
 
 

@@ -125,8 +125,10 @@ def why_others_may_change(path: Path, uid: int) -> str | None:
     """Who other than user `uid` (and root) may change `path`, in words, or None: the file
     it finally names, and where symbolic links lead to it (/usr/bin/python3, a linked
     /etc/ocrd), each folder holding one of them, which decides where it points. A path
-    that cannot be looked at (missing, a loop of links) is named so."""
-    path = Path(os.path.abspath(path))
+    that cannot be looked at (missing, a loop of links) is named so. A `..` is taken as the
+    kernel takes it, after the link before it (never dropped with that link, as abspath
+    would)."""
+    path = Path(os.getcwd(), path)
     target = Path(os.path.realpath(path))
     try:
         why = may_be_replaced_by_others(target, uid)
@@ -169,10 +171,11 @@ def _private_group(gid: int, uid: int) -> bool:
     private group."""
     if gid == 0:
         return False
-    try:
-        members = grp.getgrgid(gid).gr_mem
-    except KeyError:
+    # Every line of /etc/group with this number counts: `groupadd -o` gives a second name
+    # to the same group, and whoever is a member under that name is in it as well.
+    named = [group for group in grp.getgrall() if group.gr_gid == gid]
+    if not named:
         return False
-    if any(name != user_name(uid) for name in members):
+    if any(name != user_name(uid) for group in named for name in group.gr_mem):
         return False
     return all(entry.pw_uid == uid for entry in pwd.getpwall() if entry.pw_gid == gid)
