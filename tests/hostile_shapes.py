@@ -69,6 +69,126 @@ def html_huge_data_uri(path: Path, size: int = 64 * MIB) -> Path:
     return path
 
 
+def data_uri(data: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def page_of(path: Path, body: str) -> Path:
+    path.write_text(f"<html><body><p>Text before.</p>{body}<p>Text after.</p></body></html>")
+    return path
+
+
+def tiny_png() -> bytes:
+    """Two by two pixels (a 1x1 RGB PNG starts as the planted secret picture does)."""
+    return png_bomb(2, 2)
+
+
+def html_tiny_data_uris(path: Path, count: int = 5000) -> Path:
+    """`count` pictures of four pixels, each its own data: URI (icons and spacers of a saved
+    page, thousands of them)."""
+    return page_of(path, f'<img src="{data_uri(tiny_png())}">' * count)
+
+
+def markdown_tiny_data_uris(path: Path, count: int = 120_000) -> Path:
+    """More four-pixel pictures than a document's elements may be, on one line."""
+    path.write_text("# Tiny\n\nText before.\n\n" + f"![]({data_uri(tiny_png())})" * count + "\n")
+    return path
+
+
+def markdown_huge_data_uri(path: Path, size: int = 15 * MIB) -> Path:
+    """One picture of `size` bytes of base64: a PNG header, then filler."""
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * (size * 3 // 4)
+    path.write_text(f"# Huge\n\nText before.\n\n![huge]({data_uri(png)})\n\nText after.\n")
+    return path
+
+
+def html_broken_data_uris(path: Path) -> Path:
+    """Base64 that is no base64, cut short, padded wrongly; a PNG header over garbage."""
+    broken = [
+        "data:image/png;base64,iVBORw0KGgo!!!!not base64",
+        "data:image/png;base64," + base64.b64encode(tiny_png()).decode()[:-7],
+        "data:image/png;base64,iVBORw0KGgo=AAAA",
+        data_uri(b"\x89PNG\r\n\x1a\n" + os.urandom(4096)),
+        data_uri(b"GIF89a" + os.urandom(64), "image/gif"),
+        "data:image/png;base64,",
+        "data:;base64,iVBORw0KGgo",
+    ]
+    return page_of(path, "".join(f'<img src="{uri}">' for uri in broken))
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims `width` x `height` pixels over a few bytes of data."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    stream = zlib.compress(b"\0" * 64)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stream) + chunk(b"IEND", b"")
+    )
+
+
+def html_picture_bombs(path: Path, within: int = 6) -> Path:
+    """A PNG claiming 10 billion pixels; one of 81 million (over the worker's Pillow limit
+    of 50 million, under twice it, which Pillow would decode); `within` of 49 million
+    (each decoded, until the document's budget of decoded pixels is spent)."""
+    over = data_uri(png_bomb(9_000, 9_000))
+    under = data_uri(png_bomb(7_000, 7_000))
+    claiming = data_uri(png_claiming(100_000, 100_000))
+    return page_of(
+        path, f'<img src="{claiming}"><img src="{over}">' + f'<img src="{under}">' * within
+    )
+
+
+def gif_of_frames(frames: int, size: tuple[int, int]) -> bytes:
+    """An animated GIF of `frames` one-pixel frames on a screen of `size`: a reader that
+    walks every frame works `frames` times."""
+    width, height = size
+    screen = b"GIF89a" + struct.pack("<HHBBB", width, height, 0x80, 0, 0) + b"\0\0\0\xff\xff\xff"
+    loop = b"\x21\xff\x0bNETSCAPE2.0\x03\x01\0\0\0"
+    frame = (
+        b"\x21\xf9\x04\x00\x01\x00\x00\x00"  # a delay of 1/100 s
+        + b"\x2c"
+        + struct.pack("<HHHHB", 0, 0, 1, 1, 0)
+        + b"\x02\x02\x44\x01\x00"  # LZW: one pixel of colour 0
+    )
+    return screen + loop + frame * frames + b"\x3b"
+
+
+def html_gif_frames(path: Path, frames: int = 10_000, size: tuple[int, int] = (211, 61)) -> Path:
+    return page_of(path, f'<img src="{data_uri(gif_of_frames(frames, size), "image/gif")}">')
+
+
+def html_data_uris_no_picture_loads(path: Path, bait: Bait, size: tuple[int, int]) -> Path:
+    """A PNG of `size` in every place that is no picture docling reads (CSS url(), an
+    object, an embed, an iframe's data: page, a video's poster, srcset); an SVG and an EPS
+    pointing at the secret files and the server (Pillow would hand the EPS to Ghostscript);
+    a picture of the secret image named by path."""
+    png = data_uri(png_bomb(*size))
+    inner = base64.b64encode(f'<img src="{png}"><img src="file://{bait.secret_paths[0]}">'.encode())
+    references = "".join(
+        f'<image href="{ref}" width="10" height="10"/>' for ref in [*bait.local_refs, bait.url]
+    )
+    svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="77" height="33">{references}</svg>'
+    postscript = (
+        "%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 79 35\n"
+        f"({bait.secret_paths[0]}) (r) file pop\nshowpage\n"
+    ).encode()
+    return page_of(
+        path,
+        f"<div style=\"background-image: url('{png}')\">styled</div>"
+        f"<style>p {{ background: url({png}) }}</style>"
+        f'<object data="{png}" type="image/png"></object><embed src="{png}">'
+        f'<iframe src="data:text/html;base64,{inner.decode()}"></iframe>'
+        f'<video poster="{png}"></video><img srcset="{png} 2x">'
+        f'<img src="{data_uri(svg.encode(), "image/svg+xml")}">'
+        f'<img src="{data_uri(postscript)}"><img src="{data_uri(postscript, "image/x-eps")}">',
+    )
+
+
 def html_deep(path: Path, depth: int = 100_000) -> Path:
     path.write_text(
         "<html><body><p>Deep start</p>"

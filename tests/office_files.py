@@ -4,6 +4,7 @@ changing one part of its zip."""
 
 from __future__ import annotations
 
+import base64
 import io
 import re
 import zipfile
@@ -18,12 +19,60 @@ PICTURE_SIZE = (300, 100)  # the simulated engine's answer names it: "Image 300x
 SECRET_IMAGE_SIZE = (123, 77)  # were it ever read, "Image 123x77 px" would show
 
 
+EMBEDDED_PNG_SIZE = (280, 90)  # the pictures a web page or Markdown file embeds
+EMBEDDED_JPEG_SIZE = (320, 110)
+
+
 def picture_png(size: tuple[int, int] = PICTURE_SIZE, words: str = "INVOICE 4711") -> bytes:
-    image = Image.new("RGB", size, "white")
+    return drawn_picture(size, words, "PNG")
+
+
+def drawn_picture(size: tuple[int, int], words: str, kind: str, mode: str = "RGB") -> bytes:
+    """`words` drawn in black on a picture of `size`, white (or transparent: mode RGBA),
+    saved as Pillow's format `kind`."""
+    image = Image.new(mode, size, "white" if mode == "RGB" else (0, 0, 0, 0))
     ImageDraw.Draw(image).text((10, size[1] // 2 - 5), words, fill="black")
     out = io.BytesIO()
-    image.save(out, "PNG")
+    image.save(out, kind)
     return out.getvalue()
+
+
+def data_uri(data: bytes, media_type: str) -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def receipt_page(path: Path) -> Path:
+    """A web page saved with its pictures inside it, as a browser's "save as single file"
+    does: a scanned receipt (PNG) in a figure with a caption, a photo (JPEG, its base64
+    wrapped over lines) and an SVG icon."""
+    png = data_uri(drawn_picture(EMBEDDED_PNG_SIZE, "TOTAL 42.00 EUR", "PNG"), "image/png")
+    jpeg = data_uri(drawn_picture(EMBEDDED_JPEG_SIZE, "PAID BY CARD", "JPEG"), "image/jpeg")
+    wrapped = "\n".join(jpeg[at : at + 76] for at in range(0, len(jpeg), 76))
+    icon = data_uri(
+        b'<svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>', "image/svg+xml"
+    )
+    path.write_text(
+        "<!DOCTYPE html>\n<html><head><title>Expenses</title></head><body>"
+        "<h1>Expenses</h1><p>The receipt from the conference dinner:</p>"
+        f'<figure><img src="{png}" alt="receipt"><figcaption>Dinner receipt</figcaption></figure>'
+        f'<p>Paid on the spot.</p><img src="{wrapped}"><img src="{icon}">'
+        "<p>Claimed in March.</p></body></html>\n"
+    )
+    return path
+
+
+def receipt_notes(path: Path) -> Path:
+    """Markdown as a note app exports it: a picture link and an HTML picture, both embedded
+    (the HTML one makes docling read the file through its HTML reader as well)."""
+    png = data_uri(drawn_picture(EMBEDDED_PNG_SIZE, "TOTAL 42.00 EUR", "PNG"), "image/png")
+    jpeg = data_uri(drawn_picture(EMBEDDED_JPEG_SIZE, "PAID BY CARD", "JPEG"), "image/jpeg")
+    path.write_text(
+        "# Travel notes\n\nThe receipt from the conference dinner:\n\n"
+        f"![receipt]({png})\n\n"
+        f'<img src="{jpeg}" width="320">\n\n'
+        "Claimed in March.\n"
+    )
+    return path
 
 
 def word_file(path: Path, picture: bool = True) -> Path:

@@ -25,12 +25,18 @@ from docling_core.types.doc.document import DoclingDocument
 from docling_core.types.doc.items.picture.picture import PictureItem
 from docling_core.types.doc.items.text import TextItem
 from office_files import (
+    EMBEDDED_JPEG_SIZE,
+    EMBEDDED_PNG_SIZE,
     PICTURE_SIZE,
     SECRET_IMAGE_SIZE,
     csv_file,
+    data_uri,
+    drawn_picture,
     huge_csv,
     markdown_file,
     picture_png,
+    receipt_notes,
+    receipt_page,
     slides_file,
     spreadsheet_file,
     web_page,
@@ -41,16 +47,21 @@ from office_files import (
     word_file,
     zip_bomb,
 )
+from PIL import Image
 from test_uploads import AUTH, TOKEN, follow, upload, uploading_daemon
 
 from ocrd.documents.sources import Sources, page_files
 from ocrd.domain import InputFormat
 from ocrd.office.inspect import check_document
 from ocrd.office.limits import OfficeLimits, OfficeRefused
+from ocrd.office.read import OfficeRead, read_office
 from ocrd.render import RenderError, detect_format
 
 PICTURE_TEXT = f"Image {PICTURE_SIZE[0]}x{PICTURE_SIZE[1]} px"  # the simulated engine's
 SECRET_SEEN = f"Image {SECRET_IMAGE_SIZE[0]}x{SECRET_IMAGE_SIZE[1]} px"
+PNG_TEXT = f"Image {EMBEDDED_PNG_SIZE[0]}x{EMBEDDED_PNG_SIZE[1]} px"
+JPEG_TEXT = f"Image {EMBEDDED_JPEG_SIZE[0]}x{EMBEDDED_JPEG_SIZE[1]} px"
+WORKER_PIXELS = 50_000_000  # a render worker's Pillow limit (max_page_pixels)
 OUTPUTS = ["markdown", "docling", "chunks", "pdf"]
 
 
@@ -174,6 +185,8 @@ def made_files(folder: Path, secret: Path, secret_image: Path) -> tuple[list[Pat
         web_page(folder / "team.html", secret_image),
         markdown_file(folder / "notes.md", secret_image),
         csv_file(folder / "cities.csv"),
+        receipt_page(folder / "expenses.html"),
+        receipt_notes(folder / "travel.md"),
     ]
     hostile = [
         with_macros(word, folder / "macros.docm"),
@@ -238,6 +251,27 @@ def test_office_files_dropped_uploaded_and_sent_come_out_as_a_pdf_does(
         DoclingDocument.load_from_json(outbox / f"{name}.docling.json")
         assert (outbox / f"{name}.chunks.jsonl").read_text().strip()
 
+    # A web page and a Markdown file with their pictures inside them (data: URIs): each
+    # picture's text where it stands, as a Word file's; the SVG icon stays a placeholder.
+    for name, texts in {
+        "expenses": ["The receipt", PNG_TEXT, "Paid on the spot.", JPEG_TEXT, "Claimed in March"],
+        "travel": ["The receipt", PNG_TEXT, JPEG_TEXT, "Claimed in March"],
+    }.items():
+        markdown = (outbox / f"{name}.md").read_text()
+        places = [markdown.find(text) for text in texts]
+        assert -1 not in places and places == sorted(places), (name, markdown)
+        assert markdown.count("<!-- image -->") == (3 if name == "expenses" else 2), markdown
+        doc = DoclingDocument.load_from_json(outbox / f"{name}.docling.json")
+        read_in = " ".join(picture_texts(doc))
+        assert 0 <= read_in.find(PNG_TEXT) < read_in.find(JPEG_TEXT), read_in
+        chunks = (outbox / f"{name}.chunks.jsonl").read_text()
+        assert "Claimed in March." in chunks, chunks
+        [opened] = daemon.find(
+            "document.opened", path=f"{name}.{'html' if name == 'expenses' else 'md'}"
+        )
+        assert opened["pictures"] == 2, opened
+        assert opened["pictures_unread"] == (1 if name == "expenses" else 0), opened
+
     # The same files by HTTP upload and through docling's own client.
     assert uploaded["state"] == "done", uploaded
     markdown = httpx.get(uploaded["links"]["markdown"], headers=AUTH, timeout=30).text
@@ -286,3 +320,89 @@ def test_an_office_file_in_a_scan_job_is_left_out_with_the_reason(tmp_path: Path
         "p2.docx: a docx document is converted on its own, never as pages of a scan job or "
         "duplex pair; drop it into the inbox by itself"
     ]
+
+
+def read(path: Path, fmt: InputFormat, limits: OfficeLimits | None = None) -> OfficeRead:
+    """The file as a render worker reads it, its pictures written beside it."""
+    folder = path.parent / f"pictures-{secrets.token_hex(4)}"
+    folder.mkdir()
+    return read_office(path, fmt, None, limits or OfficeLimits(), WORKER_PIXELS, folder)
+
+
+def sizes(read: OfficeRead) -> list[tuple[int, int]]:
+    return [(picture.width, picture.height) for picture in read.pictures]
+
+
+EMBEDDED_READ = [(200, 60), (150, 50), (210, 70), (260, 80), (230, 75)]
+
+
+def embedded_sources(secret_image: Path) -> list[str]:
+    """Pictures a document holds as data: URIs, the raster ones of EMBEDDED_READ's sizes,
+    then what must stay a placeholder: an SVG, PostScript named a PNG (Pillow would start
+    Ghostscript for it), a TIFF and a BMP (formats Pillow reads but web pages do not
+    embed), broken base64, a text data: URI, and the secret image named every local way."""
+    postscript = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 97 31\nshowpage\n"
+    return [
+        data_uri(drawn_picture((200, 60), "WEBP", "WEBP"), "image/webp"),
+        data_uri(drawn_picture((150, 50), "GIF", "GIF"), "image/gif"),
+        data_uri(drawn_picture((210, 70), "PNG named a GIF", "PNG"), "image/gif"),
+        data_uri(drawn_picture((260, 80), "TRANSPARENT", "PNG", mode="RGBA"), "image/png"),
+        data_uri(drawn_picture((230, 75), "JPEG named a PNG", "JPEG"), "image/png"),
+        data_uri(
+            b'<svg xmlns="http://www.w3.org/2000/svg" width="99" height="33"/>', "image/svg+xml"
+        ),
+        data_uri(postscript, "image/png"),
+        data_uri(drawn_picture((98, 32), "TIFF", "TIFF"), "image/tiff"),
+        data_uri(drawn_picture((96, 30), "BMP", "BMP"), "image/bmp"),
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAA!!!broken",
+        "data:text/plain,Hello",
+        str(secret_image),
+        f"file://{secret_image}",
+        f"../{secret_image.name}",
+    ]
+
+
+def test_pictures_embedded_as_data_uris_are_read_by_their_bytes_alone(tmp_path: Path) -> None:
+    """A web page's and a Markdown file's pictures held as data: URIs reach the engine when
+    their bytes are PNG, JPEG, GIF or WebP, whatever type they declare; every other source
+    stays a placeholder, counted unread. A transparent picture reaches it on white."""
+    secret_image = tmp_path / "secret.png"
+    secret_image.write_bytes(picture_png(SECRET_IMAGE_SIZE))
+    sources = embedded_sources(secret_image)
+    unread = len(sources) - len(EMBEDDED_READ)
+    page = tmp_path / "page.html"
+    images = "".join(f'<p>picture {n}</p><img src="{src}">' for n, src in enumerate(sources))
+    page.write_text(f"<html><body><h1>Pictures</h1>{images}<p>The end.</p></body></html>")
+    notes = tmp_path / "notes.md"
+    links = "\n\n".join(f"![picture {n}]({src})" for n, src in enumerate(sources[:-1]))
+    notes.write_text(f'# Pictures\n\n{links}\n\n<img src="{sources[-1]}">\n\nThe end.\n')
+
+    for path, fmt in ((page, InputFormat.html), (notes, InputFormat.md)):
+        result = read(path, fmt)
+        assert sizes(result) == EMBEDDED_READ, path
+        assert result.unread_pictures == unread, path
+        transparent = result.pictures[3]
+        assert transparent.file is not None
+        with Image.open(transparent.file) as seen:
+            assert seen.getpixel((0, 0)) == (255, 255, 255)  # on white, not black
+            assert seen.convert("L").getextrema()[0] < 100  # its text is still there
+
+
+def test_embedded_pictures_keep_the_limits_of_a_documents_pictures(tmp_path: Path) -> None:
+    """max_pictures, max_picture_side and the pixel budgets bound the pictures a page
+    embeds as they bound a Word file's; those beyond them stay placeholders, counted."""
+    page = tmp_path / "album.html"
+    big = data_uri(drawn_picture((3000, 1000), "WIDE", "PNG"), "image/png")
+    small = data_uri(drawn_picture((300, 100), "SMALL", "JPEG"), "image/jpeg")
+    page.write_text(
+        f'<html><body><p>Album</p><img src="{big}">{f"<img src={small!r}>" * 4}</body></html>'
+    )
+
+    everything = read(page, InputFormat.html)
+    assert sizes(everything) == [(2048, 683)] + [(300, 100)] * 4  # scaled to 2048 a side
+    two = read(page, InputFormat.html, OfficeLimits(max_pictures=2))
+    assert (sizes(two), two.unread_pictures) == ([(2048, 683), (300, 100)], 3)
+    decoded = read(page, InputFormat.html, OfficeLimits(max_decoded_pixels=3_000_000 + 30_000))
+    assert (sizes(decoded), decoded.unread_pictures) == ([(2048, 683), (300, 100)], 3)
+    kept = read(page, InputFormat.html, OfficeLimits(max_picture_pixels=2048 * 683 + 30_000))
+    assert (sizes(kept), kept.unread_pictures) == ([(2048, 683), (300, 100)], 3)

@@ -330,6 +330,58 @@ def test_huge_data_pictures_in_web_pages_end_without_blowing_memory(office: Offi
     still_serving(office)
 
 
+NOT_A_PICTURE = (233, 71)  # a PNG in places no picture is read from: its text never shows
+# name: the pictures read, and those left unread (`document.opened`)
+EMBEDDED_ENDINGS = {
+    "tiny-pictures.html": (50, 4950),  # max_pictures read; the rest never decoded
+    "huge-picture.md": (0, 1),
+    "broken-pictures.html": (0, 7),
+    "picture-bombs.html": (4, 4),  # four of 49 million pixels spend the decoding budget
+    "gif-frames.html": (1, 0),  # its first frame
+    "no-picture-places.html": (0, 4),  # the SVG, two EPS, an <img> with only a srcset
+}
+
+
+def test_pictures_embedded_as_data_uris_end_bounded_and_load_nothing(office: Office) -> None:
+    """Pictures held inside a page or Markdown file as data: URIs: 5,000 of four pixels, more
+    than a document's elements may be, one of 15 MB, broken base64, PNGs claiming 10 billion
+    and 81 million pixels, a GIF of 10,000 frames; a PNG in CSS url(), an object, an embed,
+    an iframe's data: page, a poster and a srcset; an SVG and an EPS naming the secret files
+    and the server. Each ends converted with its text (the pictures within the limits read,
+    the rest counted unread) or refused naming its shape; nothing outside is opened or
+    fetched, no EPS reaches Ghostscript, and memory stays bounded."""
+    names = [
+        shapes.html_tiny_data_uris(made(office, "tiny-pictures.html")).name,
+        shapes.markdown_tiny_data_uris(made(office, "tiny-notes.md")).name,
+        shapes.markdown_huge_data_uri(made(office, "huge-picture.md")).name,
+        shapes.html_broken_data_uris(made(office, "broken-pictures.html")).name,
+        shapes.html_picture_bombs(made(office, "picture-bombs.html")).name,
+        shapes.html_gif_frames(made(office, "gif-frames.html"), size=(211, 61)).name,
+        shapes.html_data_uris_no_picture_loads(
+            made(office, "no-picture-places.html"), office.bait, NOT_A_PICTURE
+        ).name,
+    ]
+    with office.memory.sampling():
+        for name in names:
+            drop(office, office.staging / name)
+        endings = settle_all(office, names)
+    refused = endings["tiny-notes.md"]
+    assert refused.outcome == "failed" and "pictures" in refused.reason, refused
+    for name, (read, unread) in EMBEDDED_ENDINGS.items():
+        ended = endings[name]
+        assert ended.outcome == "done" and "Text after." in ended.markdown, ended
+        [opened] = office.daemon.find("document.opened", path=name)
+        assert (opened["pictures"], opened["pictures_unread"]) == (read, unread), opened
+    assert endings["tiny-pictures.html"].markdown.count("Image 2x2 px") == 50
+    assert endings["picture-bombs.html"].markdown.count("Image 2048x2048 px") == 4
+    assert endings["gif-frames.html"].markdown.count("Image 211x61 px") == 1
+    places = endings["no-picture-places.html"].markdown
+    assert "Image 233x71 px" not in places and "Image 79x35 px" not in places, places
+    memory_was_bounded(office)
+    nothing_outside_was_touched(office)
+    still_serving(office)
+
+
 def test_tables_at_scale_end_within_the_limits(office: Office) -> None:
     """A CSV of a million columns and one of a 1 GB line; a workbook of a million formula
     cells; 3,000 slides and 2,000 slides: each within the limits or refused naming one."""

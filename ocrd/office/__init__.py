@@ -11,5 +11,6 @@ daemon puts the engine's text of each picture into the picture's place (`picture
     detect.py    what a file is, by its content (OOXML, HTML) or its name (Markdown, CSV)
     inspect.py   what a file must not hold, checked before docling parses it
     read.py      the conversion, in the worker: a DoclingDocument and its pictures' pixels
+    embedded.py  a web page's and Markdown file's data: pictures, decoded for docling
     pictures.py  the pictures' text put into the DoclingDocument
 """

@@ -54,6 +54,10 @@ class OfficeLimits:
     # the pictures' pixels all together (RGB, 3 bytes a pixel), written by the worker into
     # the claim's scratch folder until the engine has read them: those past it stay unread
     max_picture_pixels: int = 40_000_000
+    # the pixels of a web page's or Markdown file's embedded (data: URI) pictures as decoded,
+    # before they are scaled down, all together: decoding them is the worker's time (four
+    # pictures at the worker's Pillow limit of 50 million); those past it stay unread
+    max_decoded_pixels: int = 200_000_000
 
     @property
     def max_unzipped_mb(self) -> int:

@@ -5,7 +5,8 @@ asks; the document goes back as JSON without them.
 
 docling reads the bytes from memory, never the file's path (so nothing beside it can be
 resolved), with every fetch switched off: HTML and Markdown image sources, remote or
-local, are never loaded (their pictures stay placeholders); charts are not rendered
+local, are never loaded (their pictures stay placeholders), only a picture the file holds
+itself as a `data:` URI is read, and by ocrd (`embedded.py`); charts are not rendered
 (that would start LibreOffice).
 """
 
@@ -23,6 +24,7 @@ from PIL import Image
 from ocrd.domain import InputFormat
 from ocrd.files.dropped import opened
 from ocrd.files.writes import write_scratch_file
+from ocrd.office.embedded import embedded_pictures
 from ocrd.office.inspect import check_document
 from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 
@@ -91,39 +93,52 @@ BACKENDS = {  # docling's format name, and the module and class of its rule-base
 }
 
 
-def backend_options(fmt: InputFormat) -> Any:
-    """The backend's options with every fetch off (None: the backend fetches nothing)."""
+def backend_options(fmt: InputFormat, embedded: bool = False) -> Any:
+    """The backend's options with every fetch off (None: the backend fetches nothing).
+    `embedded`: a web page's or Markdown file's pictures are asked of the image loader,
+    which then is `embedded.py`'s, loading nothing but `data:` URIs."""
     from docling.datamodel import backend_options as options
 
     off: dict[str, Any] = {"enable_local_fetch": False, "enable_remote_fetch": False}
     if fmt is InputFormat.docx:
         return options.MsWordBackendOptions(render_chart_images=False, **off)
     if fmt is InputFormat.html:
-        return options.HTMLBackendOptions(fetch_images=False, **off)
+        return options.HTMLBackendOptions(fetch_images=embedded, **off)
     if fmt is InputFormat.md:
-        return options.MarkdownBackendOptions(fetch_images=False, **off)
+        return options.MarkdownBackendOptions(fetch_images=embedded, **off)
     return None
 
 
-def backend_for(fmt: InputFormat) -> tuple[Docling, type[DeclarativeDocumentBackend], Any]:
+def backend_for(
+    fmt: InputFormat, embedded: bool = False
+) -> tuple[Docling, type[DeclarativeDocumentBackend], Any]:
     """docling's format, rule-based backend and its options for `fmt` (only that backend's
     libraries imported)."""
     from docling.datamodel.base_models import InputFormat as Docling
 
     kind, module, name = BACKENDS[fmt]
     backend = getattr(importlib.import_module(module), name)
-    return Docling[kind], backend, backend_options(fmt)
+    return Docling[kind], backend, backend_options(fmt, embedded)
 
 
-def convert(data: bytes, fmt: InputFormat) -> DoclingDocument:
+def convert(data: bytes, fmt: InputFormat, limits: OfficeLimits) -> DoclingDocument:
     """docling's DoclingDocument of the bytes, by its rule-based backend for the format (what
-    docling's DocumentConverter runs for these formats, without its model pipelines);
-    OfficeRefused where docling cannot read them."""
+    docling's DocumentConverter runs for these formats, without its model pipelines), with
+    the pictures a web page or Markdown file embeds as `data:` URIs; OfficeRefused where
+    docling cannot read them."""
     without_model_libraries()
+    with embedded_pictures(fmt, limits) as embedded:
+        return converted(data, fmt, backend_for(fmt, embedded))
+
+
+def converted(
+    data: bytes, fmt: InputFormat, chosen: tuple[Docling, type[DeclarativeDocumentBackend], Any]
+) -> DoclingDocument:
+    """The bytes converted by the `chosen` backend (its format, class and options)."""
     from docling.backend.abstract_backend import DeclarativeDocumentBackend
     from docling.datamodel.document import InputDocument
 
-    kind, backend, options = backend_for(fmt)
+    kind, backend, options = chosen
     try:
         source = InputDocument(
             io.BytesIO(data), kind, backend, options, filename=f"document.{fmt.value}"
@@ -194,6 +209,6 @@ def read_office(
     data = read_bytes(path, root, limits)
     check_document(data, fmt, limits)
     Image.MAX_IMAGE_PIXELS = max_pixels  # this worker's own limit, as for image pages
-    doc = convert(data, fmt)
+    doc = convert(data, fmt, limits)
     pictures, unread = take_pictures(doc, limits, pictures_folder)
     return OfficeRead(doc.export_to_dict(), tuple(pictures), unread)
