@@ -231,6 +231,7 @@ def test_office_files_dropped_uploaded_and_sent_come_out_as_a_pdf_does(
         if line
     ]
     assert any("Revenue grew" in chunk["text"] for chunk in chunks)
+    assert any(PICTURE_TEXT in chunk["text"] for chunk in chunks)  # a search finds it
     assert (data / "done" / "report.docx").exists()
     [finished] = daemon.find("document.finished", path="report.docx")
     assert finished["outcome"] == "done" and finished["pages"] == 1
@@ -265,7 +266,7 @@ def test_office_files_dropped_uploaded_and_sent_come_out_as_a_pdf_does(
         read_in = " ".join(picture_texts(doc))
         assert 0 <= read_in.find(PNG_TEXT) < read_in.find(JPEG_TEXT), read_in
         chunks = (outbox / f"{name}.chunks.jsonl").read_text()
-        assert "Claimed in March." in chunks, chunks
+        assert all(text in chunks for text in ("Claimed in March.", PNG_TEXT, JPEG_TEXT)), chunks
         [opened] = daemon.find(
             "document.opened", path=f"{name}.{'html' if name == 'expenses' else 'md'}"
         )

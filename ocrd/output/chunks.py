@@ -14,7 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from docling_core.transforms.chunker.doc_chunk import DocChunk
-from docling_core.transforms.chunker.hierarchical_chunker import HierarchicalChunker
+from docling_core.transforms.chunker.hierarchical_chunker import (
+    ChunkingDocSerializer,
+    ChunkingSerializerProvider,
+    HierarchicalChunker,
+)
 from docling_core.types.doc.base import CoordOrigin
 from docling_core.types.doc.document import DoclingDocument
 
@@ -37,9 +41,20 @@ def _boxes(chunk: DocChunk, doc: DoclingDocument) -> list[dict[str, Any]]:
     return boxes
 
 
+class WithPictureText(ChunkingSerializerProvider):
+    """docling-core's chunking serialiser, going into pictures: the engine's text of a
+    picture (a receipt pasted into a page) is put under it (ocrd/office/pictures.py), and
+    the chunker's default leaves everything under a picture out."""
+
+    def get_serializer(self, doc: DoclingDocument) -> ChunkingDocSerializer:
+        serializer = ChunkingDocSerializer(doc=doc)
+        params = serializer.params.model_copy(update={"traverse_pictures": True})
+        return ChunkingDocSerializer(doc=doc, params=params)
+
+
 def chunk_records(doc: DoclingDocument, filename: str) -> list[dict[str, Any]]:
     """The document's chunks as records, in reading order."""
-    chunker = HierarchicalChunker()
+    chunker = HierarchicalChunker(serializer_provider=WithPictureText())
     records = []
     for index, chunk in enumerate(chunker.chunk(doc)):
         assert isinstance(chunk, DocChunk)

@@ -145,10 +145,12 @@ def _chunker(options: ChunkingOptions) -> Any:
 
     class Serializers(ChunkingSerializerProvider):
         """docling-serve's serialisation: Markdown tables where asked, and its image
-        placeholder."""
+        placeholder; and the engine's text under a picture (see ocrd/output/chunks.py)."""
 
         def get_serializer(self, doc: DoclingDocument) -> ChunkingDocSerializer:
-            params = MarkdownParams(image_placeholder=options.image_placeholder)
+            params = MarkdownParams(
+                image_placeholder=options.image_placeholder, traverse_pictures=True
+            )
             if options.use_markdown_tables:
                 return ChunkingDocSerializer(
                     doc=doc, table_serializer=MarkdownTableSerializer(), params=params
