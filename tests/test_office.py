@@ -389,6 +389,23 @@ def test_pictures_embedded_as_data_uris_are_read_by_their_bytes_alone(tmp_path: 
             assert seen.convert("L").getextrema()[0] < 100  # its text is still there
 
 
+def test_a_transparent_picture_in_a_word_file_reaches_the_engine_on_white(tmp_path: Path) -> None:
+    """Black text on a transparent picture, as Word shows it on its white page: the engine
+    gets it on white, not turned black on black."""
+    import docx
+
+    word = docx.Document()
+    word.add_paragraph("A logo follows.")
+    word.add_picture(io.BytesIO(drawn_picture((260, 80), "TRANSPARENT", "PNG", mode="RGBA")))
+    word.save(str(tmp_path / "logo.docx"))
+
+    [picture] = read(tmp_path / "logo.docx", InputFormat.docx).pictures
+    assert picture.file is not None
+    with Image.open(picture.file) as seen:
+        assert seen.getpixel((0, 0)) == (255, 255, 255)
+        assert seen.convert("L").getextrema()[0] < 100  # its text is still there
+
+
 def test_embedded_pictures_keep_the_limits_of_a_documents_pictures(tmp_path: Path) -> None:
     """max_pictures, max_picture_side and the pixel budgets bound the pictures a page
     embeds as they bound a Word file's; those beyond them stay placeholders, counted."""

@@ -24,7 +24,7 @@ from PIL import Image
 from ocrd.domain import InputFormat
 from ocrd.files.dropped import opened
 from ocrd.files.writes import write_scratch_file
-from ocrd.office.embedded import embedded_pictures
+from ocrd.office.embedded import embedded_pictures, on_white, transparent
 from ocrd.office.inspect import check_document
 from ocrd.office.limits import OfficeLimits, OfficeRefusal, OfficeRefused
 
@@ -184,8 +184,8 @@ def take_pictures(
             except Exception:  # an image docling kept but PIL cannot decode
                 image = None
         picture.image = None  # the outputs name no file: the picture's text stands for it
-        if image is not None:
-            image = image.convert("RGB")
+        if image is not None:  # transparent parts white, as the page shows them
+            image = on_white(image.convert("RGBA" if transparent(image) else "RGB"))
             image.thumbnail((limits.max_picture_side, limits.max_picture_side))
         if image is None or pixels + image.width * image.height > limits.max_picture_pixels:
             unread += 1
