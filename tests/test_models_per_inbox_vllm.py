@@ -5,7 +5,8 @@ tests/tiny_models.py, two a daemon), with an inbox on each. Every inbox gets the
 PDFs from the corpus and writes every output kind (Markdown, searchable PDF,
 DoclingDocument, chunks): each page goes to its own model's engine, prompted its own way
 (DeepSeek-OCR-2's prompt as written, the others' chat templates), and its answer is read by
-its model's parser.
+its model's parser. `ocrd compare` then reads a sample with two of them, each on its own
+engine.
 
 Two models a daemon: one daemon with all five engines peaked at 17.4 GiB (DeepSeek-OCR-2's
 engine 4.7, each tiny one 2 to 2.8, the daemon 1.8), too close to a 24 GiB CI machine's
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +157,39 @@ def test_an_inbox_on_each_model_beside_deepseek_each_read_by_its_own_vllm_engine
             check_outputs(outbox, corpus / "real" / name, model)
     assert sorted(r["model"] for r in status["replicas"]) == sorted(models)
     assert all(r["state"] == "ready" for r in status["replicas"])
+
+
+def test_ocrd_compare_reads_a_sample_with_two_models_each_on_its_own_vllm_engine(
+    tmp_path: Path, corpus: Path
+) -> None:
+    """`ocrd compare` on real vLLM: LightOnOCR-2 and GLM-OCR (the two quickest tiny
+    engines), one after the other as the command runs them, each page prompted and parsed
+    as its model's; both read every page, and each reading is written for the diff."""
+    lighton = BUILDERS["lightonocr"](tmp_path / "lightonocr-tiny")
+    glm = BUILDERS["glm_ocr"](tmp_path / "glm_ocr-tiny")
+    wide = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
+    engine = vllm_engine_section(lighton.folder, **wide)
+    engine["model"] = "lightonocr-2"
+    engine["models"] = {"glm-ocr": {"vllm": {"model": str(glm.folder), **wide}}}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"inboxes": [{"path": "inbox"}], "engine": engine}))
+    (tmp_path / "inbox").mkdir()
+    sample = corpus / "real" / SOURCES[1]
+    out = tmp_path / "diffs"
+
+    command = [sys.executable, "-m", "ocrd", "compare", "--config", str(config)]
+    command += ["--model", "lightonocr-2", "--model", "glm-ocr", str(sample), "--diff", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "A: lightonocr-2, engine vllm" in result.stdout, result.stdout
+    assert "B: glm-ocr, engine vllm" in result.stdout, result.stdout
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(sample.name))
+    for model in ("lightonocr-2", "glm-ocr"):
+        [cells] = [
+            line.split()[1:] for line in lines[start + 1 : start + 4] if line.split()[0] == model
+        ]
+        assert int(cells[0]) == 1 and float(cells[2]) > 0, result.stdout  # pages, s, pages/s
+        assert (out / f"{sample.name}.{model}.md").read_text().strip()
+    assert (out / f"{sample.name}.diff").exists()
