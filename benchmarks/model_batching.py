@@ -16,10 +16,10 @@ For each model:
     (rendering, writing the Markdown and settling included).
 Each side reads a warm-up document of `--max-num-seqs` pages first (an engine's first full
 batch pays one-time costs: the first timed round after a single warm-up page was half again
-as long as the second on both sides), then the same pages `--rounds` times; its engine is shut down before the other side starts
-(2 cores, a few GiB each). (b)/(a) in pages/s, from each side's best round (the one least
-disturbed by other work on a shared machine), is the share of the engine's throughput the
-daemon delivers.
+as long as the second on both sides), then the same pages `--rounds` times; its engine is
+shut down before the other side starts (2 cores, a few GiB each). (b)/(a) in pages/s, from
+each side's best round (the one least disturbed by other work on a shared machine), is the
+share of the engine's throughput the daemon delivers.
 
 The pages are the throughput benchmark's A5 PDFs (tests/helpers.make_pdf). The models are
 tests/tiny_model.py's DeepSeek-OCR-2 and tests/tiny_models.py's others: their text is noise
