@@ -390,21 +390,21 @@ NAMINGS = 5000
 def test_pictures_named_again_and_again_or_of_endless_scans_hold_no_worker(
     office: Office,
 ) -> None:
-    """A Markdown file naming a 15 MB data: URI that is no picture 5,000 times, and a 1 MB
+    """A Markdown file naming an 8 MB data: URI that is no picture 5,000 times, and a 1 MB
     picture as often (its work, unbounded, was each naming's size: minutes); a page of one
-    progressive JPEG of 110,000 scans in 11 MB, each a pass over 49 million pixels. Each
+    progressive JPEG of 40,000 scans in 4 MB, each a pass over 49 million pixels. Each
     ends converted with its text (the picture read as often as its base64 fits in a page,
     the rest counted unread), never held until the render time limit."""
     noise = io.BytesIO()
     Image.frombytes("RGB", (600, 600), os.urandom(600 * 600 * 3)).save(noise, "PNG")
     picture = shapes.data_uri(noise.getvalue())
     payload = len(picture) - len("data:image/png;base64,")
-    nothing = "data:image/png;base64," + "A" * 15 * hostile.MIB
+    nothing = "data:image/png;base64," + "A" * 8 * hostile.MIB
     namings = "![again][picture] ![nothing][nothing]\n" * NAMINGS
     notes = made(office, "named-again.md")
     references = f"[picture]: {picture}\n[nothing]: {nothing}\n"
     notes.write_text(f"# Again\n\n{namings}\nThe end.\n\n{references}")
-    scans = shapes.data_uri(shapes.jpeg_of_scans(7000, 110_000), "image/jpeg")
+    scans = shapes.data_uri(shapes.jpeg_of_scans(7000, 40_000), "image/jpeg")
     page = shapes.page_of(made(office, "endless-scans.html"), f'<img src="{scans}">')
     names = [drop(office, notes), drop(office, page)]
     with office.memory.sampling():
