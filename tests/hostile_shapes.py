@@ -28,6 +28,7 @@ from hostile_office import (
     write_zip,
     xlsx_bytes,
 )
+from PIL import Image
 
 # ---- HTML, Markdown, CSV --------------------------------------------------------------------
 
@@ -116,19 +117,43 @@ def html_broken_data_uris(path: Path) -> Path:
     return page_of(path, "".join(f'<img src="{uri}">' for uri in broken))
 
 
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
 def png_claiming(width: int, height: int) -> bytes:
     """A PNG whose header claims `width` x `height` pixels over a few bytes of data."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-        )
-
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     stream = zlib.compress(b"\0" * 64)
     return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stream) + chunk(b"IEND", b"")
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", header)
+        + png_chunk(b"IDAT", stream)
+        + png_chunk(b"IEND", b"")
     )
+
+
+def png_of_profiles(profiles: int, size: tuple[int, int] = (64, 32)) -> bytes:
+    """A PNG of `size` holding `profiles` colour profiles (iCCP chunks) of a byte under a
+    MB each as inflated, in about a KB each: a decoder inflates every one."""
+    image = io.BytesIO()
+    Image.new("RGB", size, "white").save(image, "PNG")
+    data = image.getvalue()
+    profile = png_chunk(b"iCCP", b"x\0\0" + zlib.compress(b"\0" * (MIB - 1), 9))
+    end_of_header = 8 + 25  # the signature and IHDR
+    return data[:end_of_header] + profile * profiles + data[end_of_header:]
+
+
+def jpeg_of_scans(side: int, scans: int) -> bytes:
+    """A grey progressive JPEG of `side` x `side` with `scans` more scans than Pillow
+    writes: its first AC scan, with its table, repeated (about 100 bytes each, and each a
+    pass over every block of the picture for a decoder)."""
+    image = io.BytesIO()
+    Image.new("L", (side, side), 200).save(image, "JPEG", progressive=True)
+    data = image.getvalue()
+    table = data.index(b"\xff\xc4", data.index(b"\xff\xda"))  # after the DC scan
+    end = data.index(b"\xff\xc4", data.index(b"\xff\xda", table))
+    return data[:end] + data[table:end] * scans + data[end:]
 
 
 def html_picture_bombs(path: Path, within: int = 6) -> Path:

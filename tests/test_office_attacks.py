@@ -13,6 +13,7 @@ another, afterwards.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import shutil
@@ -44,6 +45,7 @@ from office_watch import (
     rss_bytes,
     the_watches_see,
 )
+from PIL import Image
 from test_http import base_url
 from test_shared_folder import make_text_pdf
 from test_uploads import AUTH, TOKEN, WITH_TOKEN
@@ -379,6 +381,44 @@ def test_pictures_embedded_as_data_uris_end_bounded_and_load_nothing(office: Off
     assert "Image 233x71 px" not in places and "Image 79x35 px" not in places, places
     memory_was_bounded(office)
     nothing_outside_was_touched(office)
+    still_serving(office)
+
+
+NAMINGS = 5000
+
+
+def test_pictures_named_again_and_again_or_of_endless_scans_hold_no_worker(
+    office: Office,
+) -> None:
+    """A Markdown file naming an 8 MB data: URI that is no picture 5,000 times, and a 1 MB
+    picture as often (its work, unbounded, was each naming's size: minutes); a page of one
+    progressive JPEG of 40,000 scans in 4 MB, each a pass over 49 million pixels. Each
+    ends converted with its text (the picture read as often as its base64 fits in a page,
+    the rest counted unread), never held until the render time limit."""
+    noise = io.BytesIO()
+    Image.frombytes("RGB", (600, 600), os.urandom(600 * 600 * 3)).save(noise, "PNG")
+    picture = shapes.data_uri(noise.getvalue())
+    payload = len(picture) - len("data:image/png;base64,")
+    nothing = "data:image/png;base64," + "A" * 8 * hostile.MIB
+    namings = "![again][picture] ![nothing][nothing]\n" * NAMINGS
+    notes = made(office, "named-again.md")
+    references = f"[picture]: {picture}\n[nothing]: {nothing}\n"
+    notes.write_text(f"# Again\n\n{namings}\nThe end.\n\n{references}")
+    scans = shapes.data_uri(shapes.jpeg_of_scans(7000, 40_000), "image/jpeg")
+    page = shapes.page_of(made(office, "endless-scans.html"), f'<img src="{scans}">')
+    names = [drop(office, notes), drop(office, page)]
+    with office.memory.sampling():
+        endings = settle_all(office, names)
+    held = [e for e in endings.values() if e.outcome != "done" or "took longer than" in e.reason]
+    assert held == [], held
+    assert "The end." in endings["named-again.md"].markdown
+    assert "Text after." in endings["endless-scans.html"].markdown
+    read = 20 * hostile.MIB // payload  # the base64 a page may hold (max_text_bytes)
+    pictures = {"named-again.md": (read, 2 * NAMINGS - read), "endless-scans.html": (0, 1)}
+    for name, counts in pictures.items():
+        [opened] = office.daemon.find("document.opened", path=name)
+        assert (opened["pictures"], opened["pictures_unread"]) == counts, opened
+    memory_was_bounded(office)
     still_serving(office)
 
 

@@ -48,8 +48,19 @@ SIGNATURES = (
     (b"GIF89a", "GIF"),
 )
 _HEAD_CHARACTERS = 16  # base64 for the first 12 bytes: every signature, WebP's included
+# How far into a source its comma and its first base64 characters are looked for: only so
+# much of a source is read before it counts as decoded, as a Markdown file may name one
+# picture of megabytes (or one that is no picture) a hundred thousand times.
+_HEADER_CHARACTERS = 256
 _WHITESPACE = re.compile(r"[\t\n\f\r ]+")  # browsers drop it from a data: URI's base64
 DPI = 72  # what docling records for a picture that names none
+# Parts a decoder works through whole, however few bytes each takes, by format: a
+# progressive JPEG's scans (each a pass over every block of the picture: 3,000 scans of a
+# 7000 x 7000 JPEG, in 0.5 MB, took 8 s to decode) and a PNG's colour profiles (each
+# inflated up to 1 MB: 1,000 of them in 1 MB took 3 s). A real JPEG has about ten scans,
+# a PNG one profile (the most its standard allows; a few more stand for chance matches in
+# its compressed data). The markers are counted in the bytes, an upper bound.
+MOST_PARTS = {"JPEG": (b"\xff\xda", 100), "PNG": (b"iCCP", 4)}
 
 
 def raster_format(head: bytes) -> str | None:
@@ -62,23 +73,32 @@ def raster_format(head: bytes) -> str | None:
     return None
 
 
-def base64_payload(source: str) -> str | None:
-    """The base64 text of a `data:...;base64,` source; None for any other source (a URL,
-    a path, a data: URI of text)."""
-    head, comma, body = source.lstrip().partition(",")
-    header = head.lower()
-    if not comma or not header.startswith("data:") or not header.endswith(";base64"):
+def payload_start(source: str) -> int | None:
+    """Where the base64 text of a `data:...;base64,` source starts; None for any other
+    source (a URL, a path, a data: URI of text). Only its first characters are read."""
+    comma = source.find(",", 0, _HEADER_CHARACTERS)
+    header = source[: max(comma, 0)].lstrip().lower()
+    if comma < 0 or not header.startswith("data:") or not header.endswith(";base64"):
         return None
-    return _WHITESPACE.sub("", body)
+    return comma + 1
 
 
-def head_format(payload: str) -> str | None:
-    """The format of a payload, told by its first bytes, before the rest is decoded."""
+def head_format(source: str, start: int) -> str | None:
+    """The format of the payload starting at `start`, told by its first bytes, before the
+    rest is decoded (or even read)."""
+    head = _WHITESPACE.sub("", source[start : start + _HEADER_CHARACTERS])
     try:
-        head = base64.b64decode(payload[:_HEAD_CHARACTERS], validate=True)
+        first = base64.b64decode(head[:_HEAD_CHARACTERS], validate=True)
     except ValueError:  # binascii.Error: not base64
         return None
-    return raster_format(head)
+    return raster_format(first)
+
+
+def too_many_parts(data: bytes, kind: str) -> bool:
+    """Whether the picture holds more of the parts its decoder works through whole than
+    a real one does (`MOST_PARTS`)."""
+    marker, most = MOST_PARTS.get(kind, (b"", 0))
+    return bool(marker) and data.count(marker) > most
 
 
 def transparent(image: Image.Image) -> bool:
@@ -102,19 +122,25 @@ class EmbeddedPictures:
 
     limits: OfficeLimits
     decoded: int = 0  # pictures whose pixels were decoded, or tried
+    # their base64 characters: a picture named again is decoded again, so that naming one
+    # many times cannot make the worker decode more than a page may hold (max_text_bytes)
+    decoded_characters: int = 0
     decoded_pixels: int = 0  # their pixels as Pillow decoded them
     kept_pixels: int = 0  # their pixels once scaled down for the engine
 
     def image(self, source: str) -> Image.Image | None:
         """The picture a `data:` URI holds, in RGB, scaled to `max_picture_side` (None:
         not one read)."""
-        payload = base64_payload(source)
-        kind = head_format(payload) if payload is not None else None
-        if payload is None or kind is None or not self._decoding_allowed():
+        start = payload_start(source)
+        if start is None or not self._decoding_allowed(len(source) - start):
+            return None
+        kind = head_format(source, start)
+        if kind is None:
             return None
         self.decoded += 1
+        self.decoded_characters += len(source) - start
         try:
-            image = self._decoded(payload, kind)
+            image = self._decoded(_WHITESPACE.sub("", source[start:]), kind)
         except MemoryError:
             raise
         except Exception:  # broken base64, a damaged or hostile picture: Pillow's errors vary
@@ -126,10 +152,11 @@ class EmbeddedPictures:
         self.kept_pixels += image.width * image.height
         return image
 
-    def _decoding_allowed(self) -> bool:
+    def _decoding_allowed(self, characters: int) -> bool:
         limits = self.limits
         return (
             self.decoded < limits.max_pictures
+            and self.decoded_characters + characters <= limits.max_text_bytes
             and self.decoded_pixels < limits.max_decoded_pixels
             and self.kept_pixels < limits.max_picture_pixels
         )
@@ -137,12 +164,15 @@ class EmbeddedPictures:
     def _decoded(self, payload: str, kind: str) -> Image.Image | None:
         """The payload's first frame decoded (a JPEG at the smallest scale that keeps the
         engine's side) and scaled down; None where its size breaks a limit, told by its
-        header before its pixels are decoded."""
+        header before its pixels are decoded, or where it holds more scans or profiles than
+        a picture does."""
         side = self.limits.max_picture_side
-        data = io.BytesIO(base64.b64decode(payload, validate=True))
+        data = base64.b64decode(payload, validate=True)
+        if too_many_parts(data, kind):
+            return None
         with warnings.catch_warnings():  # past the limit it is refused here, not warned of
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            opened = Image.open(data, formats=(kind,))
+            opened = Image.open(io.BytesIO(data), formats=(kind,))
         with opened:
             most = Image.MAX_IMAGE_PIXELS  # the worker's own, as for an image page
             if most is not None and opened.width * opened.height > most:
