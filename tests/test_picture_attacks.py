@@ -12,13 +12,14 @@ import io
 import os
 from pathlib import Path
 
+import pytest
 from hostile_shapes import jpeg_of_scans, png_of_profiles
 from office_files import data_uri
 from PIL import Image
 from test_office import read, sizes
 
 from ocrd.domain import InputFormat
-from ocrd.office.limits import OfficeLimits
+from ocrd.office.limits import OfficeLimits, OfficeRefused
 
 
 def saved(image: Image.Image, kind: str, **saving: object) -> bytes:
@@ -145,3 +146,18 @@ def test_pictures_of_every_kind_and_place_are_read_as_their_bytes_say(tmp_path: 
     places = read(notes, InputFormat.md)
     assert sizes(places) == [(130, 40), (131, 40), (134, 40), (132, 40), (133, 40)]
     assert places.unread_pictures == 0
+
+
+def test_a_document_of_more_pictures_than_it_may_hold_is_refused_in_the_worker(
+    tmp_path: Path,
+) -> None:
+    """Pictures that stay placeholders still are items of the DoclingDocument the daemon
+    holds: 40,000 of them in a 3 MB Markdown file took the daemon to 1.3 GB. More than
+    `max_picture_items` refuse the document, in the worker, with the count."""
+    notes = tmp_path / "icons.md"
+    notes.write_text("# Icons\n\n" + "".join(f"![icon {n}](i{n}.png)\n\n" for n in range(5_001)))
+    with pytest.raises(OfficeRefused, match="it holds 5001 pictures, more than the 5000"):
+        read(notes, InputFormat.md)
+    fewer = tmp_path / "few.md"
+    fewer.write_text("# Icons\n\n" + "".join(f"![icon {n}](i{n}.png)\n\n" for n in range(300)))
+    assert read(fewer, InputFormat.md).unread_pictures == 300

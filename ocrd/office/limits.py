@@ -50,6 +50,9 @@ class OfficeLimits:
     # grid a spreadsheet reader would walk whole
     max_sheet_grid: int = 5_000_000
     max_pictures: int = 50  # pictures read by the engine; the rest are kept unread
+    # pictures a document may hold at all, unread placeholders included: each is an item of
+    # its DoclingDocument the daemon holds (40,000 in a 3 MB Markdown file took it to 1.3 GB)
+    max_picture_items: int = 5_000
     max_picture_side: int = 2048  # a larger picture is scaled down before the engine
     # the pictures' pixels all together (RGB, 3 bytes a pixel), written by the worker into
     # the claim's scratch folder until the engine has read them: those past it stay unread

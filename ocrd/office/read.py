@@ -157,6 +157,16 @@ def converted(
         ) from None
 
 
+def check_picture_items(doc: DoclingDocument, limits: OfficeLimits) -> None:
+    """OfficeRefused where the document holds more pictures than `max_picture_items`."""
+    if len(doc.pictures) > limits.max_picture_items:
+        raise OfficeRefused(
+            f"it holds {len(doc.pictures)} pictures, more than the {limits.max_picture_items} "
+            "ocrd converts in one document: split it",
+            OfficeRefusal.too_large,
+        )
+
+
 def picture_file(image: Image.Image, path: Path) -> Path | None:
     """The picture written to `path` as a PPM file (None where that failed)."""
     return path if write_scratch_file(path, lambda out: image.save(out, "PPM")) else None
@@ -210,5 +220,6 @@ def read_office(
     check_document(data, fmt, limits)
     Image.MAX_IMAGE_PIXELS = max_pixels  # this worker's own limit, as for image pages
     doc = convert(data, fmt, limits)
+    check_picture_items(doc, limits)
     pictures, unread = take_pictures(doc, limits, pictures_folder)
     return OfficeRead(doc.export_to_dict(), tuple(pictures), unread)
