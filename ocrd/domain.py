@@ -314,6 +314,7 @@ class DocumentResult:
     # put in their places: its outputs come from it; `pages` are then its pictures.
     docling: dict[str, Any] | None = None
     pdf_not_made: str | None = None  # why `outputs: [pdf]` gave no searchable PDF
+    pictures_unread: int = 0  # an office document's pictures the engine did not read
 
     def parts(self) -> list[DocumentResult]:
         """The documents to write: each part of a split document without its separator
@@ -393,6 +394,7 @@ class DocumentSummary:
     markdown: str | None = None  # the (first part's) Markdown
     pdf: str | None = None  # the (first part's) searchable PDF, where asked for
     pdf_not_made: str | None = None  # asked for, and why there is none
+    pictures_unread: int = 0  # an office document's pictures left as placeholders
     # A document split at separator sheets: each part's files and pages, and the sheets.
     parts: list[dict[str, object]] = field(default_factory=list)
     separators: list[dict[str, object]] = field(default_factory=list)
@@ -466,6 +468,8 @@ class DocumentSummary:
             done["pdf"] = self.pdf
         if self.pdf_not_made:
             done["pdf_not_made"] = self.pdf_not_made
+        if self.pictures_unread:
+            done["pictures_unread"] = self.pictures_unread
         if self.parts:
             done["parts"] = self.parts
         if self.separators:

@@ -272,6 +272,14 @@ def test_office_files_dropped_uploaded_and_sent_come_out_as_a_pdf_does(
         )
         assert opened["pictures"] == 2, opened
         assert opened["pictures_unread"] == (1 if name == "expenses" else 0), opened
+    # The web page's SVG icon, unread, is told where the user looks: a warning and the summary.
+    [finished] = daemon.find("document.finished", path="expenses.html")
+    assert finished["pictures_unread"] == 1, finished
+    [unread] = daemon.find("document.pictures_unread", path="expenses.html")
+    assert unread["count"] == 1 and "SVG" in unread["reason"], unread
+    assert not daemon.find("document.pictures_unread", path="travel.md")
+    [finished] = daemon.find("document.finished", path="travel.md")
+    assert "pictures_unread" not in finished, finished
 
     # The same files by HTTP upload and through docling's own client.
     assert uploaded["state"] == "done", uploaded

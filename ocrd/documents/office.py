@@ -46,6 +46,11 @@ PDF_NOT_MADE = (
     "searchable PDF is a scan's or a PDF's own pages with their text); its Markdown, "
     "docling JSON and chunks are written"
 )
+UNREAD_PICTURES = (
+    "pictures the engine did not read: past the 50 read a document or its pixel budget, or "
+    "in a format ocrd does not decode (SVG, TIFF, BMP, a picture linked from outside); their "
+    "places show <!-- image --> without text (docs/outputs.md)"
+)
 POINTS_PER_PIXEL = 0.75  # a picture's size in points, as at 96 dpi on screen
 
 
@@ -194,6 +199,9 @@ async def _convert(
     if texts:
         docling = await asyncio.to_thread(with_picture_text, read.docling, texts)
     result = DocumentResult(source.format, pages, time.monotonic() - started, docling=docling)
+    if read.unread_pictures:  # a receipt after 50 icons: its place shows no text
+        result.pictures_unread = read.unread_pictures
+        log.warning("document.pictures_unread", count=read.unread_pictures, reason=UNREAD_PICTURES)
     if OutputKind.pdf in settings.outputs:
         result.pdf_not_made = PDF_NOT_MADE.format(format=source.format.value)
         log.warning("document.pdf_not_made", reason=result.pdf_not_made)

@@ -140,6 +140,7 @@ class Settling:
         pdfs = [OutputFiles(m).pdf for m in markdowns] if result.pdfs else []
         summary.pdf = str(pdfs[0]) if pdfs else None
         summary.pdf_not_made = result.pdf_not_made
+        summary.pictures_unread = result.pictures_unread
         if result.split is not None:  # where it was cut, and each part's files
             summary.separators = result.split.separator_fields()
             if len(markdowns) > 1:
