@@ -222,18 +222,23 @@ def test_a_page_with_thousands_of_regions_sends_at_most_max_regions_requests() -
         asyncio.run(engine.recognise(page, PromptMode.layout))
 
 
+def glm_layout_engine(detector: Path) -> LayoutEngine:
+    """GLM-OCR's layout stage over the simulated engine, with the detector at `detector`."""
+    recipe = model("glm-ocr")
+    return LayoutEngine(
+        SimulatedEngine(SimulatedConfig(), recipe),
+        recipe,
+        LayoutConfig(detector=str(detector), device="cpu", timeout_seconds=120),
+    )
+
+
 def test_a_detector_checkpoint_in_pickle_format_is_refused_with_the_reason(
     tmp_path: Path,
 ) -> None:
     # Pickled weights can run code when loaded: only safetensors are read.
     folder = build_tiny_detector(tmp_path / "pickled", queries=4, safetensors=False)
     assert (folder / "pytorch_model.bin").exists()
-    recipe = model("glm-ocr")
-    engine = LayoutEngine(
-        SimulatedEngine(SimulatedConfig(), recipe),
-        recipe,
-        LayoutConfig(detector=str(folder), device="cpu", timeout_seconds=120),
-    )
+    engine = glm_layout_engine(folder)
     with pytest.raises(EngineStartError) as refused:
         asyncio.run(engine.start())
     message = str(refused.value)
@@ -259,12 +264,7 @@ def test_a_detector_checkpoint_with_remote_code_is_refused_and_its_code_never_ru
         settings = json.loads((folder / name).read_text())
         settings.pop("image_processor_type", None)  # nothing but the checkpoint's own code
         (folder / name).write_text(json.dumps({**settings, "auto_map": auto}))
-    recipe = model("glm-ocr")
-    engine = LayoutEngine(
-        SimulatedEngine(SimulatedConfig(), recipe),
-        recipe,
-        LayoutConfig(detector=str(folder), device="cpu", timeout_seconds=120),
-    )
+    engine = glm_layout_engine(folder)
     with pytest.raises(EngineStartError) as refused:
         asyncio.run(engine.start())
     assert "trust_remote_code" in str(refused.value)

@@ -199,14 +199,7 @@ def test_as_the_service_user_a_folder_it_may_not_list_is_refused(
     )
 
     def judged() -> str:
-        result = subprocess.run(
-            [runtime.python, "-c", code, str(folder)],
-            env={**os.environ, **runtime.environment()},
-            user=SERVICE,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = runtime.run_as_service([runtime.python, "-c", code, str(folder)])
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 

@@ -168,14 +168,7 @@ def test_a_configuration_its_user_cannot_read_exits_78_naming_the_file(
     from users import service_runtime
 
     with service_runtime() as runtime:
-        result = subprocess.run(
-            runtime.command("check-config", "--config", str(config)),
-            env={**os.environ, **runtime.environment()},
-            user=SERVICE,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = runtime.run_as_service(runtime.command("check-config", "--config", str(config)))
     assert result.returncode == 78, result.stderr
     assert f"{config}: cannot read the configuration file (Permission denied)" in result.stderr
 

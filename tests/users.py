@@ -92,6 +92,18 @@ class Runtime:
     def environment(self) -> dict[str, str]:
         return {"PYTHONPATH": self.pythonpath, "PYTHONDONTWRITEBYTECODE": "1"}
 
+    def run_as_service(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        """`argv` run as the service user with this environment over the test's, its
+        output captured."""
+        return subprocess.run(
+            argv,
+            env={**os.environ, **self.environment()},
+            user=SERVICE,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
 
 def _system_python() -> str:
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
